@@ -1,0 +1,524 @@
+#include "cuda_allocator.h"
+
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/util/Exception.h>
+#include <torch/headeronly/version.h>
+
+#include <stdexcept>
+
+#include "adopt.h"
+#include "clock.h"
+#include "json.h"
+
+// Interface additions after 2.11, by the release whose headers show them.
+#define ALLOCSCOPE_TORCH_AT_LEAST(major, minor) \
+  (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+
+namespace allocscope::cuda {
+namespace {
+
+namespace cca = c10::cuda::CUDACachingAllocator;
+using c10::CachingDeviceAllocator::DeviceStats;
+using c10::CachingDeviceAllocator::TraceEntry;
+
+c10::DeviceIndex real_current_device() {
+  return c10::cuda::current_device();
+}
+
+uint64_t real_current_stream(c10::DeviceIndex device) {
+  return reinterpret_cast<uintptr_t>(c10::cuda::getCurrentCUDAStream(device).stream());
+}
+
+const Environment kRealEnvironment = {&real_current_device, &real_current_stream};
+const Environment* g_env = &kRealEnvironment;
+
+// What the wrapper is doing on this thread, so that the trace tracker (called
+// synchronously by the wrapped allocator on the same thread) can tell its
+// events for the wrapper's own call from events of memory that bypassed it.
+struct CudaThreadState {
+  int in_alloc;          // inside the wrapper's allocation call
+  uintptr_t in_free;     // the pointer the wrapper is freeing, or 0
+  uintptr_t requested;   // the last FREE_REQUESTED address (see on_trace)
+  bool oom_seen;
+  uint64_t oom_rounded;  // from the OOM trace entry: rounded request
+  uint64_t oom_free;     // and the device's free bytes
+};
+thread_local CudaThreadState t_state = {0, 0, 0, false, 0, 0};
+
+c10::DeleterFnPtr g_inner_deleter = nullptr;
+
+uint16_t stream_index(c10::DeviceIndex device, uint64_t handle) {
+  return Recorder::get().stream_index(device, handle);
+}
+
+// Frees `ptr` through `free_fn`, recording the free first (see record_free).
+template <typename Free>
+void free_through(void* ptr, Free&& free_fn) {
+  if (ptr == nullptr) {
+    free_fn();
+    return;
+  }
+  record_free(ptr, format::kNoStream);  // the ALLOC of ptr names its stream
+  CudaThreadState& tl = t_state;
+  uintptr_t saved = tl.in_free;
+  tl.in_free = reinterpret_cast<uintptr_t>(ptr);
+  struct Restore {
+    uintptr_t& slot;
+    uintptr_t value;
+    ~Restore() { slot = value; }
+  } restore{tl.in_free, saved};
+  free_fn();
+}
+
+void delete_fast(void* ptr) {
+  free_through(ptr, [ptr] { g_inner_deleter(ptr); });
+}
+
+void delete_boxed(void* ctx) {
+  auto* box = static_cast<BoxedDataPtr*>(ctx);
+  free_through(box->inner.get(), [box] { delete box; });
+}
+
+// Runs under the wrapped allocator's device lock: no Python, no allocation
+// through any allocator, nothing that could wait for the GIL.
+void on_trace(const TraceEntry& te) {
+  CudaThreadState& tl = t_state;
+  const uint64_t addr = te.addr_;
+  // A free that completes at once follows its request on the same thread
+  // inside the same call; the FREE event already says it all.
+  const bool immediate = te.action_ == TraceEntry::FREE_COMPLETED && addr != 0 && tl.requested == addr;
+  tl.requested = te.action_ == TraceEntry::FREE_REQUESTED ? addr : 0;
+  if (immediate) return;
+  EmitScope scope;
+  if (!scope) return;
+  RawEvent ev;
+  ev.addr = addr;
+  ev.size = te.size_;
+  ev.stream = stream_index(te.device_, reinterpret_cast<uintptr_t>(te.stream_));
+  switch (te.action_) {
+    case TraceEntry::ALLOC:
+      if (tl.in_alloc > 0) return;  // the wrapper records it, with its stack
+      ev.kind = format::kAlloc | format::kViaAllocator;
+      break;
+    case TraceEntry::FREE_REQUESTED:
+      if (tl.in_free == addr) return;  // the wrapper recorded it
+      ev.kind = format::kFree | format::kViaAllocator;
+      break;
+    case TraceEntry::FREE_COMPLETED:
+      ev.kind = format::kFreeCompleted;
+      break;
+    case TraceEntry::SEGMENT_ALLOC:
+      ev.kind = format::kSegmentAlloc;
+      break;
+    case TraceEntry::SEGMENT_FREE:
+      ev.kind = format::kSegmentFree;
+      break;
+    case TraceEntry::SEGMENT_MAP:
+      ev.kind = format::kSegmentMap;
+      break;
+    case TraceEntry::SEGMENT_UNMAP:
+      ev.kind = format::kSegmentUnmap;
+      break;
+    case TraceEntry::OOM:
+      if (tl.in_alloc > 0) {  // the wrapper records it, with its stack
+        tl.oom_seen = true;
+        tl.oom_rounded = te.size_;
+        tl.oom_free = addr;
+        return;
+      }
+      ev.kind = format::kOom | format::kViaAllocator;
+      ev.addr = 0;
+      ev.size = 0;
+      ev.block = te.size_;
+      ev.arg = addr;
+      break;
+    case TraceEntry::SNAPSHOT:
+      ev.kind = format::kSnapshot;
+      break;
+    default:  // annotations (2.14) and later additions
+      return;
+  }
+  scope.push(ev);
+}
+
+class RecordingCUDAAllocator final : public cca::CUDAAllocator {
+ public:
+  explicit RecordingCUDAAllocator(cca::CUDAAllocator* inner) : inner_(inner) {}
+  cca::CUDAAllocator* inner() const { return inner_; }
+
+  // ---- allocation: recorded
+
+  c10::DataPtr allocate(size_t n) override {
+    return record_alloc<c10::DataPtr>(n, nullptr, [&] { return inner_->allocate(n); });
+  }
+
+  void* raw_alloc(size_t n) override {
+    return record_alloc<void*>(n, nullptr, [&] { return inner_->raw_alloc(n); });
+  }
+
+  void* raw_alloc_with_stream(size_t n, cudaStream_t stream) override {
+    return record_alloc<void*>(n, &stream, [&] { return inner_->raw_alloc_with_stream(n, stream); });
+  }
+
+  void raw_delete(void* ptr) override {
+    free_through(ptr, [&] { inner_->raw_delete(ptr); });
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override {
+    return g_inner_deleter != nullptr ? &delete_fast : nullptr;
+  }
+
+  void emptyCache(c10::MempoolId_t mempool_id) override {
+    record_call(format::kEmptyCache, -1, mempool_id.first);
+    inner_->emptyCache(mempool_id);
+  }
+
+  void setMemoryFraction(double fraction, c10::DeviceIndex device) override {
+    record_call(format::kSetFraction, device, static_cast<uint64_t>(fraction * 1e9 + 0.5));
+    inner_->setMemoryFraction(fraction, device);
+  }
+
+  // The native allocator silently ignores DataPtrs whose deleter is not its
+  // own (it takes them for IPC memory). Hand it a view with its deleter, so
+  // that memory used on a side stream is not reused too early.
+  using cca::CUDAAllocator::recordStream;
+  void recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) override {
+    c10::DeleterFnPtr deleter = ptr.get_deleter();
+    if (deleter == &delete_fast) {
+      c10::DataPtr view(ptr.get(), ptr.get_context(), g_inner_deleter, ptr.device());
+      struct Release {
+        c10::DataPtr& view;
+        ~Release() { view.release_context(); }  // the view never frees
+      } release{view};
+      inner_->recordStream(view, stream);
+    } else if (deleter == &delete_boxed) {
+      inner_->recordStream(static_cast<BoxedDataPtr*>(ptr.get_context())->inner, stream);
+    } else {
+      inner_->recordStream(ptr, stream);
+    }
+  }
+
+  // ---- everything else: forwarded unchanged
+
+  void copy_data(void* dest, const void* src, size_t count) const override {
+    inner_->copy_data(dest, src, count);
+  }
+  bool is_simple_data_ptr(const c10::DataPtr& data_ptr) const override {
+    return inner_->is_simple_data_ptr(data_ptr);
+  }
+  bool initialized() override { return inner_->initialized(); }
+  DeviceStats getDeviceStats(c10::DeviceIndex device) override { return inner_->getDeviceStats(device); }
+  void resetAccumulatedStats(c10::DeviceIndex device) override { inner_->resetAccumulatedStats(device); }
+  void resetPeakStats(c10::DeviceIndex device) override { inner_->resetPeakStats(device); }
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override { return inner_->getMemoryInfo(device); }
+  void init(int device_count) override { inner_->init(device_count); }
+  double getMemoryFraction(c10::DeviceIndex device) override { return inner_->getMemoryFraction(device); }
+  std::vector<cca::StreamSegmentSize> getExpandableSegmentSizes(c10::DeviceIndex device) override {
+    return inner_->getExpandableSegmentSizes(device);
+  }
+  void enable(bool value) override { inner_->enable(value); }
+  bool isEnabled() const override { return inner_->isEnabled(); }
+  void cacheInfo(c10::DeviceIndex device, size_t* largest) override { inner_->cacheInfo(device, largest); }
+  void* getBaseAllocation(void* ptr, size_t* size) override { return inner_->getBaseAllocation(ptr, size); }
+  cca::SnapshotInfo snapshot(c10::MempoolId_t mempool_id, bool include_traces) override {
+    return inner_->snapshot(mempool_id, include_traces);
+  }
+  void beginAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
+                           std::function<bool(cudaStream_t)> filter) override {
+    inner_->beginAllocateToPool(device, mempool_id, std::move(filter));
+  }
+  void endAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override {
+    inner_->endAllocateToPool(device, mempool_id);
+  }
+  void releasePool(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override {
+    inner_->releasePool(device, mempool_id);
+  }
+  int getPoolUseCount(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override {
+    return inner_->getPoolUseCount(device, mempool_id);
+  }
+  void createOrIncrefPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
+                          std::shared_ptr<cca::CUDAAllocator> allocator) override {
+    inner_->createOrIncrefPool(device, mempool_id, std::move(allocator));
+  }
+  void setUseOnOOM(c10::DeviceIndex device, c10::MempoolId_t mempool_id, bool use_on_oom) override {
+    inner_->setUseOnOOM(device, mempool_id, use_on_oom);
+  }
+  void setNoSplit(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override {
+    inner_->setNoSplit(device, mempool_id);
+  }
+  bool checkPoolLiveAllocations(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
+                                const std::unordered_set<void*>& expected_live_allocations) override {
+    return inner_->checkPoolLiveAllocations(device, mempool_id, expected_live_allocations);
+  }
+  cca::ShareableHandle shareIpcHandle(void* ptr) override { return inner_->shareIpcHandle(ptr); }
+  std::shared_ptr<void> getIpcDevPtr(std::string handle) override { return inner_->getIpcDevPtr(std::move(handle)); }
+  bool isHistoryEnabled() override { return inner_->isHistoryEnabled(); }
+  void recordHistory(bool enabled, cca::CreateContextFn context_recorder, size_t alloc_trace_max_entries,
+                     cca::RecordContext when, bool clear_history,
+                     const std::vector<std::string>& skip_actions) override {
+    inner_->recordHistory(enabled, context_recorder, alloc_trace_max_entries, when, clear_history, skip_actions);
+  }
+  void recordAnnotation(const std::vector<std::pair<std::string, std::string>>& md) override {
+    inner_->recordAnnotation(md);
+  }
+  void pushCompileContext(std::string& md) override { inner_->pushCompileContext(md); }
+  void popCompileContext() override { inner_->popCompileContext(); }
+  void setUserMetadata(const std::string& metadata) override { inner_->setUserMetadata(metadata); }
+  std::string getUserMetadata() override { return inner_->getUserMetadata(); }
+  void attachOutOfMemoryObserver(cca::OutOfMemoryObserver observer) override {
+    inner_->attachOutOfMemoryObserver(std::move(observer));
+  }
+  void attachAllocatorTraceTracker(cca::AllocatorTraceTracker tracker) override {
+    inner_->attachAllocatorTraceTracker(std::move(tracker));
+  }
+  void enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access) override {
+    inner_->enablePeerAccess(dev, dev_to_access);
+  }
+  cudaError_t memcpyAsync(void* dst, int dst_device, const void* src, int src_device, size_t count,
+                          cudaStream_t stream, bool p2p_enabled) override {
+    return inner_->memcpyAsync(dst, dst_device, src, src_device, count, stream, p2p_enabled);
+  }
+  std::shared_ptr<cca::AllocatorState> getCheckpointState(c10::DeviceIndex device, c10::MempoolId_t id) override {
+    return inner_->getCheckpointState(device, id);
+  }
+  cca::CheckpointDelta setCheckpointPoolState(c10::DeviceIndex device,
+                                              std::shared_ptr<cca::AllocatorState> pps) override {
+    return inner_->setCheckpointPoolState(device, std::move(pps));
+  }
+  std::string name() override { return inner_->name(); }
+
+#if ALLOCSCOPE_TORCH_AT_LEAST(2, 13)
+  void markCaptureBegin(c10::DeviceIndex device) override { inner_->markCaptureBegin(device); }
+  void markCaptureEnd(c10::DeviceIndex device) override { inner_->markCaptureEnd(device); }
+  std::shared_ptr<c10::GatheredContext> getContextForPointer(const void* ptr) override {
+    return inner_->getContextForPointer(ptr);
+  }
+  void attachOomRejectionObserver(cca::OomRejectionObserver observer) override {
+    inner_->attachOomRejectionObserver(std::move(observer));
+  }
+  c10::DataPtr allocateWithAddress(size_t size, void* addr) override {
+    return record_alloc<c10::DataPtr>(size, nullptr, [&] { return inner_->allocateWithAddress(size, addr); });
+  }
+#endif
+#if ALLOCSCOPE_TORCH_AT_LEAST(2, 14)
+  bool supportsUserMetadata() override { return inner_->supportsUserMetadata(); }
+  void annotateMemory(const void* ptr, const std::string& metadata) override {
+    inner_->annotateMemory(ptr, metadata);
+  }
+#endif
+
+ private:
+  static void* pointer_of(const c10::DataPtr& d) { return d.get(); }
+  static void* pointer_of(void* p) { return p; }
+  static c10::DeviceIndex device_of(const c10::DataPtr& d) { return d.device().index(); }
+  static c10::DeviceIndex device_of(void*) { return g_env->current_device(); }
+  static void adopt_result(c10::DataPtr& d) { adopt(d, g_inner_deleter, &delete_fast, &delete_boxed); }
+  static void adopt_result(void*) {}  // raw pointers are freed via raw_delete
+
+  // The recorded allocation path shared by allocate, raw_alloc and
+  // allocateWithAddress. `stream` is the explicit stream, if any.
+  template <typename Result, typename Alloc>
+  Result record_alloc(size_t n, const cudaStream_t* stream, Alloc&& alloc) {
+    EmitScope scope;
+    if (!scope) return alloc();
+    // The stack is taken before the wrapped allocator runs: no allocator lock
+    // is held here.
+    uint32_t stack = Recorder::get().capture_stack();
+    CudaThreadState& tl = t_state;
+    tl.oom_seen = false;
+    ++tl.in_alloc;
+    int64_t t0 = now_ns();
+    Result result;
+    try {
+      result = alloc();
+    } catch (const c10::OutOfMemoryError&) {
+      --tl.in_alloc;
+      c10::DeviceIndex device = g_env->current_device();
+      RawEvent ev;
+      ev.kind = format::kOom;
+      ev.size = n;
+      ev.stack = stack;
+      ev.block = tl.oom_seen ? tl.oom_rounded : 0;
+      ev.arg = tl.oom_seen ? tl.oom_free : 0;
+      ev.stream = stream_index(device, stream ? reinterpret_cast<uintptr_t>(*stream) : g_env->current_stream(device));
+      scope.push(ev);
+      Recorder::get().request_flush();  // the process may not survive this OOM
+      throw;
+    } catch (...) {
+      --tl.in_alloc;
+      throw;
+    }
+    int64_t t1 = now_ns();
+    --tl.in_alloc;
+    void* ptr = pointer_of(result);
+    if (ptr == nullptr) return result;
+    adopt_result(result);
+    c10::DeviceIndex device = device_of(result);
+    RawEvent ev;
+    ev.kind = format::kAlloc;
+    ev.addr = reinterpret_cast<uintptr_t>(ptr);
+    ev.size = n;
+    ev.stack = stack;
+    ev.arg = static_cast<uint64_t>(t1 - t0);
+    ev.stream = stream_index(device, stream ? reinterpret_cast<uintptr_t>(*stream) : g_env->current_stream(device));
+    scope.push(ev);
+    return result;
+  }
+
+  void record_call(uint8_t kind, int device, uint64_t arg) {
+    EmitScope scope;
+    if (!scope) return;
+    RawEvent ev;
+    ev.kind = kind;
+    ev.arg = arg;
+    ev.stream = device < 0 ? format::kNoStream : stream_index(static_cast<c10::DeviceIndex>(device), 0);
+    scope.push(ev);
+  }
+
+  cca::CUDAAllocator* inner_;
+};
+
+RecordingCUDAAllocator* g_wrapper = nullptr;  // leaked: its deleters outlive everything
+c10::Allocator* g_registry_before = nullptr;
+uint8_t g_priority = 0;
+bool g_tracker_attached = false;
+
+void write_stat(JsonWriter& j, const char* name, const c10::CachingAllocator::StatArray& stat) {
+  const auto& s = stat[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
+  j.key(name).begin_object().field("current", s.current).field("peak", s.peak).end_object();
+}
+
+}  // namespace
+
+void set_environment(const Environment* env) {
+  g_env = env != nullptr ? env : &kRealEnvironment;
+}
+
+void install() {
+  cca::CUDAAllocator* current = cca::allocator.load();
+  if (g_wrapper != nullptr && current == g_wrapper) return;
+  if (g_wrapper == nullptr) {
+    if (!current->initialized()) {
+      throw std::runtime_error("the CUDA allocator is not initialized: initialize CUDA before recording");
+    }
+    g_inner_deleter = current->raw_deleter();
+    g_wrapper = new RecordingCUDAAllocator(current);
+  } else if (g_wrapper->inner() != current) {
+    throw std::runtime_error(
+        "the CUDA allocator was replaced after allocscope first wrapped it; allocscope can only record the "
+        "CUDA allocator that was current at its first recording in this process");
+  }
+  if (!g_tracker_attached) {
+    // Trackers cannot be detached: attach one for the life of the process and
+    // let it do nothing while no recording is active.
+    try {
+      current->attachAllocatorTraceTracker(&on_trace);
+      g_tracker_attached = true;
+    } catch (const c10::Error&) {
+      // Not the native caching allocator: no segment events.
+    }
+  }
+  g_registry_before = c10::GetAllocator(c10::kCUDA);
+  cca::allocator.store(g_wrapper);
+  g_priority = set_at_lowest_priority(
+      g_wrapper, [] { return c10::GetAllocator(c10::kCUDA); },
+      [](c10::Allocator* a, uint8_t p) { c10::SetAllocator(c10::kCUDA, a, p); });
+}
+
+void uninstall() {
+  if (g_wrapper == nullptr) return;
+  if (cca::allocator.load() == g_wrapper) cca::allocator.store(g_wrapper->inner());
+  if (c10::GetAllocator(c10::kCUDA) == g_wrapper && g_registry_before != nullptr) {
+    c10::SetAllocator(c10::kCUDA, g_registry_before, g_priority);
+  }
+}
+
+bool installed() {
+  return g_wrapper != nullptr && cca::allocator.load() == g_wrapper;
+}
+
+bool tracker_attached() {
+  return g_tracker_attached;
+}
+
+std::string wrapped_name() {
+  cca::CUDAAllocator* a = g_wrapper != nullptr ? g_wrapper->inner() : cca::allocator.load();
+  return a->name();
+}
+
+std::string baseline_json(const std::string& label, const std::vector<int>& devices) {
+  cca::CUDAAllocator* a = g_wrapper != nullptr ? g_wrapper->inner() : cca::allocator.load();
+  JsonWriter j;
+  j.begin_object();
+  j.field("label", label).field("device_type", std::string("cuda"));
+  j.field("seq", Recorder::get().next_seq()).field("monotonic_ns", now_ns());
+  j.field("allocator", a->name());
+  // Takes the device locks; its SNAPSHOT trace entry marks this point in the
+  // event stream.
+  cca::SnapshotInfo snap = a->snapshot({0, 0}, false);
+  j.key("segments").begin_array();
+  for (const auto& seg : snap.segments) {
+    j.begin_object();
+    j.field("device", int{seg.device}).field("address", uint64_t{seg.address});
+    j.field("total_size", uint64_t{seg.total_size}).field("requested_size", uint64_t{seg.requested_size});
+    j.field("allocated_size", uint64_t{seg.allocated_size}).field("active_size", uint64_t{seg.active_size});
+    j.field("stream", uint64_t{reinterpret_cast<uintptr_t>(seg.stream)});
+    j.field("is_large", seg.is_large).field("is_expandable", seg.is_expandable);
+    j.key("pool").begin_array().value(uint64_t{seg.owner_private_pool_id.first});
+    j.value(uint64_t{seg.owner_private_pool_id.second}).end_array();
+    // Blocks in address order: [size, requested_size, allocated, active].
+    j.key("blocks").begin_array();
+    for (const auto& b : seg.blocks) {
+      j.begin_array().value(uint64_t{b.size}).value(uint64_t{b.requested_size});
+      j.value(b.allocated).value(b.active).end_array();
+    }
+    j.end_array().end_object();
+  }
+  j.end_array();
+  const auto& c = snap.config_metadata;
+  j.key("config").begin_object();
+  j.field("garbage_collection_threshold", c.garbage_collection_threshold);
+  j.field("max_split_size", uint64_t{c.max_split_size});
+  j.field("expandable_segments", c.expandable_segments);
+  j.field("release_lock_on_malloc", c.release_lock_on_malloc);
+  j.field("graph_capture_record_stream_reuse", c.graph_capture_record_stream_reuse);
+  j.field("last_allocator_settings", c.last_allocator_settings);
+  j.key("roundup_power2_divisions").begin_array();
+  for (size_t d : c.roundup_power2_divisions) j.value(uint64_t{d});
+  j.end_array();
+  j.end_object();
+  j.key("devices").begin_array();
+  for (int device : devices) {
+    auto index = static_cast<c10::DeviceIndex>(device);
+    j.begin_object().field("index", device);
+    try {
+      auto [free, total] = a->getMemoryInfo(index);
+      j.field("free", uint64_t{free}).field("total", uint64_t{total}).field("used", uint64_t{total - free});
+    } catch (const c10::Error&) {
+    }
+    try {
+      j.field("memory_fraction", a->getMemoryFraction(index));
+    } catch (const c10::Error&) {
+    }
+    try {
+      DeviceStats stats = a->getDeviceStats(index);
+      j.key("stats").begin_object();
+      write_stat(j, "allocated_bytes", stats.allocated_bytes);
+      write_stat(j, "reserved_bytes", stats.reserved_bytes);
+      write_stat(j, "active_bytes", stats.active_bytes);
+      write_stat(j, "requested_bytes", stats.requested_bytes);
+      j.field("num_alloc_retries", stats.num_alloc_retries).field("num_ooms", stats.num_ooms);
+      j.field("num_device_alloc", stats.num_device_alloc).field("num_device_free", stats.num_device_free);
+      j.end_object();
+    } catch (const c10::Error&) {
+    }
+    j.end_object();
+  }
+  j.end_array();
+  j.end_object();
+  return j.str();
+}
+
+}  // namespace allocscope::cuda

@@ -1,0 +1,40 @@
+// The recorder in front of PyTorch's CUDA allocator.
+//
+// install() stores a forwarding CUDAAllocator into both places the CUDA
+// allocator is read from (the `allocator` atomic and c10's allocator registry)
+// and attaches, once per process, a trace tracker to the wrapped allocator for
+// its own events (segments, deferred frees, OOM). Everything else the
+// allocator does is forwarded unchanged.
+#pragma once
+
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace allocscope::cuda {
+
+// Throws std::runtime_error if CUDA is not initialized or the CUDA allocator
+// was replaced since the first install in this process.
+void install();
+void uninstall();
+bool installed();
+// Whether the wrapped allocator accepted the trace tracker (the native caching
+// allocator does; other backends may not).
+bool tracker_attached();
+std::string wrapped_name();
+
+// The wrapped allocator's snapshot (segments and blocks), statistics, settings
+// and the devices' memory info, as a JSON object.
+std::string baseline_json(const std::string& label, const std::vector<int>& devices);
+
+// Test seam: where the wrapper reads the current device and stream from. The
+// real functions need a GPU; the test harness installs fakes.
+struct Environment {
+  c10::DeviceIndex (*current_device)();
+  uint64_t (*current_stream)(c10::DeviceIndex device);
+};
+void set_environment(const Environment* env);  // nullptr: the real one
+
+}  // namespace allocscope::cuda

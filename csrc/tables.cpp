@@ -1,0 +1,143 @@
+#include "tables.h"
+
+#include <pthread.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstring>
+
+namespace allocscope {
+
+uint32_t InternTables::intern_string(const std::string& s) {
+  auto it = string_ids_.find(s);
+  if (it != string_ids_.end()) return it->second;
+  size_t id = strings.push_back(s);
+  if (id == strings.kCapacity) return kFull;
+  string_ids_.emplace(s, static_cast<uint32_t>(id));
+  return static_cast<uint32_t>(id);
+}
+
+uint32_t InternTables::intern_frame(const FrameEntry& f) {
+  auto it = frame_ids_.find(f);
+  if (it != frame_ids_.end()) return it->second;
+  size_t id = frames.push_back(f);
+  if (id == frames.kCapacity) return kFull;
+  frame_ids_.emplace(f, static_cast<uint32_t>(id));
+  return static_cast<uint32_t>(id);
+}
+
+uint32_t InternTables::intern_node(uint32_t parent, uint32_t frame) {
+  uint64_t key = (uint64_t{parent} << 32) | frame;
+  auto it = node_ids_.find(key);
+  if (it != node_ids_.end()) return it->second;
+  size_t id = nodes.push_back(StackNode{parent, frame});
+  if (id == nodes.kCapacity) return kFull;
+  node_ids_.emplace(key, static_cast<uint32_t>(id));
+  return static_cast<uint32_t>(id);
+}
+
+void InternTables::clear() {
+  strings.clear();
+  frames.clear();
+  nodes.clear();
+  string_ids_.clear();
+  frame_ids_.clear();
+  node_ids_.clear();
+  nodes.push_back(StackNode{0, 0});  // the root: the empty stack
+}
+
+ThreadTable::ThreadTable() {
+  clear();
+}
+
+void ThreadTable::clear() {
+  for (auto& e : entries_) {
+    e.busy.store(0);
+    e.tid = 0;
+    std::memset(e.name, 0, sizeof(e.name));
+  }
+  std::strncpy(entries_[0].name, "<other threads>", sizeof(entries_[0].name) - 1);
+  size_.store(1);
+}
+
+namespace {
+// The calling thread's cached entry; trivially destructible on purpose: frees
+// may run during thread or interpreter teardown.
+struct ThreadCache {
+  uint64_t generation;
+  ThreadEntry* entry;
+  uint16_t index;
+};
+thread_local ThreadCache tl_thread = {0, nullptr, 0};
+}  // namespace
+
+ThreadEntry* ThreadTable::current(uint64_t generation, uint16_t* index) {
+  if (tl_thread.generation == generation) {
+    *index = tl_thread.index;
+    return tl_thread.entry;
+  }
+  uint16_t i = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    uint32_t n = size_.load();
+    if (n < kMax) {
+      ThreadEntry& e = entries_[n];
+      e.tid = static_cast<uint64_t>(syscall(SYS_gettid));
+      pthread_getname_np(pthread_self(), e.name, sizeof(e.name));
+      i = static_cast<uint16_t>(n);
+      size_.store(n + 1);  // seq_cst: see Recorder::stop
+    }
+  }
+  tl_thread = ThreadCache{generation, &entries_[i], i};
+  *index = i;
+  return &entries_[i];
+}
+
+StreamTable::StreamTable() {
+  clear();
+}
+
+void StreamTable::clear() {
+  entries_[0] = StreamEntry{-2, 0};  // no device
+  entries_[1] = StreamEntry{-1, 0};  // the CPU
+  size_.store(2, std::memory_order_release);
+}
+
+namespace {
+struct StreamCache {
+  uint64_t generation;
+  int32_t device;
+  uint64_t handle;
+  uint16_t index;
+};
+thread_local StreamCache tl_stream = {0, 0, 0, 0};
+}  // namespace
+
+uint16_t StreamTable::index(uint64_t generation, int32_t device, uint64_t handle) {
+  if (tl_stream.generation == generation && tl_stream.device == device && tl_stream.handle == handle) {
+    return tl_stream.index;
+  }
+  uint16_t found = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    uint32_t n = size_.load(std::memory_order_relaxed);
+    bool hit = false;
+    // Processes use a handful of streams: a scan is cheaper than hashing.
+    for (uint32_t i = 2; i < n; ++i) {
+      if (entries_[i].device == device && entries_[i].handle == handle) {
+        found = static_cast<uint16_t>(i);
+        hit = true;
+        break;
+      }
+    }
+    if (!hit && n < kMax) {
+      entries_[n] = StreamEntry{device, handle};
+      found = static_cast<uint16_t>(n);
+      size_.store(n + 1, std::memory_order_release);
+    }
+  }
+  tl_stream = StreamCache{generation, device, handle, found};
+  return found;
+}
+
+}  // namespace allocscope

@@ -1,0 +1,84 @@
+// pybind11 glue for allocscope._C._testing (test-only harness): no logic.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <thread>
+#include <vector>
+
+#include <c10/core/CPUAllocator.h>
+
+#include "../pystack.h"
+#include "../writer.h"
+#ifdef ALLOCSCOPE_WITH_CUDA
+#include "fake_cuda.h"
+#endif
+
+namespace py = pybind11;
+
+namespace allocscope::testing {
+
+#ifdef ALLOCSCOPE_WITH_CUDA
+struct FakeBuffer {
+  c10::DataPtr ptr;
+  uint64_t size;
+};
+#endif
+
+void register_bindings(py::module_& m) {
+  m.def("pystack_self_check", [] {
+    std::string why;
+    bool ok = pystack::self_check(&why);
+    return py::make_tuple(ok, why);
+  });
+  m.def("encode_column", [](const std::vector<uint64_t>& values) {
+    std::vector<uint8_t> out;
+    encode_column(values, &out);
+    return py::bytes(reinterpret_cast<const char*>(out.data()), out.size());
+  });
+  // Allocations from threads with no Python state at all (like the autograd
+  // engine's device threads): each thread allocates and frees `count` buffers.
+  m.def(
+      "cpu_alloc_from_native_threads",
+      [](int threads, int count, uint64_t size) {
+        std::vector<std::thread> pool;
+        for (int t = 0; t < threads; ++t) {
+          pool.emplace_back([count, size] {
+            for (int i = 0; i < count; ++i) c10::DataPtr d = c10::GetCPUAllocator()->allocate(size);
+          });
+        }
+        for (auto& th : pool) th.join();
+      },
+      py::call_guard<py::gil_scoped_release>());
+
+#ifdef ALLOCSCOPE_WITH_CUDA
+  py::class_<FakeBuffer>(m, "FakeBuffer")
+      .def_property_readonly("ptr", [](const FakeBuffer& b) { return reinterpret_cast<uintptr_t>(b.ptr.get()); })
+      .def_readonly("size", &FakeBuffer::size)
+      .def_property_readonly("deleter_is_fake", [](const FakeBuffer& b) { return b.ptr.get_deleter() != nullptr; })
+      .def("free", [](FakeBuffer& b) { b.ptr.clear(); })
+      .def("record_stream", [](FakeBuffer& b, uint64_t stream) { record_stream(b.ptr, stream); });
+  m.def("install_fake_cuda", &install_fake);
+  m.def("fake_counters", &counters);
+  m.def("fake_reset_counters", &reset_counters);
+  m.def("fake_set_limit", &set_limit);
+  m.def("fake_set_stream", &set_stream);
+  m.def("fake_process_events", &process_events);
+  m.def("fake_live_bytes", &live_bytes);
+  m.def(
+      "fake_allocate",
+      [](uint64_t n, bool bypass, bool release_gil) {
+        if (release_gil) {
+          py::gil_scoped_release nogil;
+          return FakeBuffer{allocate(n, bypass), n};
+        }
+        return FakeBuffer{allocate(n, bypass), n};
+      },
+      py::arg("n"), py::arg("bypass") = false, py::arg("release_gil") = false);
+  m.def("fake_raw_alloc", &raw_alloc, py::arg("n"), py::arg("with_stream") = false);
+  m.def("fake_raw_delete", &raw_delete);
+  m.def("fake_empty_cache", &empty_cache);
+  m.def("fake_check_forwarding", &check_forwarding);
+#endif
+}
+
+}  // namespace allocscope::testing

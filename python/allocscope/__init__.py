@@ -1,0 +1,51 @@
+"""allocscope: byte-for-byte attribution of PyTorch memory.
+
+Record:
+
+    import allocscope
+    with allocscope.record("step.alsc"):
+        train_one_step()
+
+or, without touching the script: ``allocscope run -o step.alsc -- python train.py``.
+
+Read: ``allocscope.load("step.alsc")`` returns the events as numpy columns with
+their stacks, the allocator baselines and the metadata; ``allocscope info``
+and ``allocscope dump`` show them on the command line.
+
+Importing allocscope does nothing else: torch and the native core load on
+first use, and reading captures needs neither.
+"""
+
+from ._format import EventKind
+from .capture import AllocscopeError, Recording, mark, record
+from .reader import (
+    Capture,
+    CaptureError,
+    CorruptCaptureError,
+    Events,
+    Frame,
+    NotACaptureError,
+    TruncatedCaptureWarning,
+    UnsupportedVersionError,
+    load,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AllocscopeError",
+    "Capture",
+    "CaptureError",
+    "CorruptCaptureError",
+    "EventKind",
+    "Events",
+    "Frame",
+    "NotACaptureError",
+    "Recording",
+    "TruncatedCaptureWarning",
+    "UnsupportedVersionError",
+    "__version__",
+    "load",
+    "mark",
+    "record",
+]

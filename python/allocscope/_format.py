@@ -1,0 +1,291 @@
+"""The capture file format, Python side: constants, decoding, and an encoder
+for synthetic captures.
+
+csrc/format.h is the reference for the numbers (tests check that both agree)
+and docs/format.md the byte-for-byte specification. Decoding is pure Python
+and numpy, so reading a file, even a malicious one, can only fail with an
+exception: it never runs code and needs neither torch nor the extension.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import struct
+import zlib
+from typing import Iterable, Sequence
+
+import numpy as np
+
+MAGIC = b"\x89ALS\r\n\x1a\n"
+FORMAT_VERSION = 1
+HEADER = struct.Struct("<8sII")  # magic, version, flags
+CHUNK_HEADER = struct.Struct("<BBHII")  # type, 0, 0, length, crc
+VIA_ALLOCATOR = 0x80
+KIND_MASK = 0x7F
+FIRST_ANNOTATION = 16
+LAST_ANNOTATION = 63
+MAX_CHUNK = 1 << 30  # no writer makes chunks this large; larger lengths are corrupt
+
+
+class Chunk(enum.IntEnum):
+    METADATA = 1
+    STRINGS = 2
+    FRAMES = 3
+    STACKS = 4
+    THREADS = 5
+    STREAMS = 6
+    EVENTS = 7
+    BASELINE = 8
+    FOOTER = 9
+
+
+class EventKind(enum.IntEnum):
+    """What an event records. See docs/format.md for each kind's fields."""
+
+    ALLOC = 1
+    FREE = 2
+    FREE_COMPLETED = 3
+    SEGMENT_ALLOC = 4
+    SEGMENT_FREE = 5
+    SEGMENT_MAP = 6
+    SEGMENT_UNMAP = 7
+    OOM = 8
+    EMPTY_CACHE = 9
+    SET_FRACTION = 10
+    SNAPSHOT = 11
+    MARK = 16
+
+
+class Encoding(enum.IntEnum):
+    RAW = 0
+    CONST = 1
+    DENSE = 2
+    SPARSE = 3
+
+
+COLUMNS = ("kind", "time", "thread", "stream", "addr", "size", "block", "stack", "arg")
+NO_STREAM = 0
+CPU_STREAM = 1
+
+
+class FormatError(ValueError):
+    """The bytes do not follow the format (raised by the decoders)."""
+
+
+# ---------------------------------------------------------------------------
+# Decoding
+
+
+def read_varint(data: bytes | memoryview, pos: int) -> tuple[int, int]:
+    """Reads one LEB128 varint at pos; returns (value, next position)."""
+    value = 0
+    shift = 0
+    end = len(data)
+    while True:
+        if pos >= end:
+            raise FormatError("varint runs past the end of its chunk")
+        b = data[pos]
+        pos += 1
+        if shift == 63 and b > 1:
+            raise FormatError("varint does not fit in 64 bits")
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, pos
+        shift += 7
+        if shift > 63:
+            raise FormatError("varint longer than 10 bytes")
+
+
+def decode_varints(buf: np.ndarray, count: int) -> np.ndarray:
+    """Decodes exactly `count` varints that fill `buf` (uint8) exactly."""
+    if count == 0:
+        if len(buf):
+            raise FormatError("bytes left after the last varint")
+        return np.zeros(0, np.uint64)
+    if len(buf) == 0:
+        raise FormatError("missing varints")
+    ends = np.flatnonzero(buf < 0x80)
+    if len(ends) != count or ends[-1] != len(buf) - 1:
+        raise FormatError(f"expected {count} varints, found {len(ends)}")
+    if count == len(buf):  # every value fits in one byte
+        return buf.astype(np.uint64)
+    starts = np.empty(count, np.int64)
+    starts[0] = 0
+    starts[1:] = ends[:-1] + 1
+    lengths = ends - starts + 1
+    longest = int(lengths.max())
+    if longest > 10 or (longest == 10 and int(buf[ends[lengths == 10]].max()) > 1):
+        raise FormatError("varint does not fit in 64 bits")
+    position = np.arange(len(buf), dtype=np.int64) - np.repeat(starts, lengths)
+    parts = (buf & 0x7F).astype(np.uint64) << (7 * position).astype(np.uint64)
+    return np.bitwise_or.reduceat(parts, starts)
+
+
+def unzigzag(v: np.ndarray) -> np.ndarray:
+    """uint64 zigzag values to int64."""
+    return (v >> np.uint64(1)).astype(np.int64) ^ -((v & np.uint64(1)).astype(np.int64))
+
+
+def decode_column(data: memoryview, pos: int, count: int) -> tuple[np.ndarray, int]:
+    """Decodes one column of `count` values at pos; returns (uint64 values, next position)."""
+    if pos >= len(data):
+        raise FormatError("column missing")
+    enc = data[pos]
+    pos += 1
+    if enc == Encoding.CONST:
+        value, pos = read_varint(data, pos)
+        return np.full(count, value, np.uint64), pos
+    if enc == Encoding.DENSE:
+        length, pos = read_varint(data, pos)
+        if pos + length > len(data):
+            raise FormatError("column runs past the end of its chunk")
+        buf = np.frombuffer(data, np.uint8, length, pos)
+        return decode_varints(buf, count), pos + length
+    if enc == Encoding.SPARSE:
+        k, pos = read_varint(data, pos)
+        length, pos = read_varint(data, pos)
+        if k > count or pos + length > len(data):
+            raise FormatError("sparse column is inconsistent")
+        parts = decode_varints(np.frombuffer(data, np.uint8, length, pos), 2 * k)
+        gaps = parts[:k]
+        out = np.zeros(count, np.uint64)
+        if k:
+            # Each gap < count <= 2**30 first, so the sum cannot wrap.
+            if int(gaps.max()) >= count or (k > 1 and int(gaps[1:].min()) == 0):
+                raise FormatError("sparse column indices are not increasing")
+            index = np.cumsum(gaps.astype(np.int64))
+            if int(index[-1]) >= count:
+                raise FormatError("sparse column index out of range")
+            out[index] = parts[k:]
+        return out, pos + length
+    raise FormatError(f"unknown column encoding {enc}")
+
+
+class EventBlock:
+    """The decoded columns of one EVENTS chunk."""
+
+    __slots__ = ("first_seq", "kind", "time", "thread", "stream", "addr", "size", "block", "stack", "arg")
+
+    def __init__(self, payload: memoryview):
+        count, pos = read_varint(payload, 0)
+        if count == 0 or count > len(payload):
+            raise FormatError("event count is inconsistent with the chunk size")
+        self.first_seq, pos = read_varint(payload, pos)
+        base_time, pos = read_varint(payload, pos)
+        if pos + 2 + count > len(payload):
+            raise FormatError("events chunk is too short")
+        shift = payload[pos]
+        if shift > 63:
+            raise FormatError("address shift out of range")
+        pos += 1
+        if payload[pos] != Encoding.RAW:
+            raise FormatError("the kind column must be stored raw")
+        self.kind = np.frombuffer(payload, np.uint8, count, pos + 1).copy()
+        pos += 1 + count
+        columns = []
+        for _ in COLUMNS[1:]:
+            values, pos = decode_column(payload, pos, count)
+            columns.append(values)
+        if pos != len(payload):
+            raise FormatError("bytes left at the end of an events chunk")
+        dtime, thread, stream, daddr, self.size, self.block, stack, self.arg = columns
+        base = unzigzag(np.array([base_time], np.uint64))[0]
+        with np.errstate(over="ignore"):
+            self.time = np.cumsum(unzigzag(dtime)) + base
+            addr = np.cumsum(unzigzag(daddr)).view(np.uint64)
+            self.addr = addr << np.uint64(shift)
+        for name, values, limit in (("thread", thread, 1 << 16), ("stream", stream, 1 << 16), ("stack", stack, 1 << 32)):
+            if int(values.max()) >= limit:
+                raise FormatError(f"{name} index out of range")
+        self.thread = thread.astype(np.uint16)
+        self.stream = stream.astype(np.uint16)
+        self.stack = stack.astype(np.uint32)
+
+
+def table_entries(payload: memoryview, expected_first: int) -> tuple[int, int]:
+    """Reads a table chunk's (first id, count) and checks it continues the table."""
+    first, pos = read_varint(payload, 0)
+    count, pos = read_varint(payload, pos)
+    if first != expected_first:
+        raise FormatError(f"table chunk starts at id {first}, expected {expected_first}")
+    if count > len(payload):
+        raise FormatError("table entry count is inconsistent with the chunk size")
+    return count, pos
+
+
+def parse_json_object(payload: memoryview, what: str) -> dict:
+    try:
+        value = json.loads(bytes(payload).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise FormatError(f"{what} is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise FormatError(f"{what} is not a JSON object")
+    return value
+
+
+# ---------------------------------------------------------------------------
+# Encoding (synthetic captures and tests; the recorder encodes in C++)
+
+
+def varint(value: int) -> bytes:
+    if value < 0 or value >= 1 << 64:
+        raise ValueError(f"varint out of range: {value}")
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def zigzag(value: int) -> int:
+    return ((value << 1) ^ (value >> 63)) & ((1 << 64) - 1)
+
+
+def encode_column(values: Sequence[int]) -> bytes:
+    """Encodes a column the way the C++ writer does (smallest encoding wins)."""
+    values = [int(v) for v in values]
+    if all(v == values[0] for v in values):
+        return bytes([Encoding.CONST]) + varint(values[0] if values else 0)
+    dense = b"".join(varint(v) for v in values)
+    nonzero = [(i, v) for i, v in enumerate(values) if v]
+    idx = b"".join(varint(i if n == 0 else i - nonzero[n - 1][0]) for n, (i, _) in enumerate(nonzero))
+    sparse = idx + b"".join(varint(v) for _, v in nonzero)
+    if len(sparse) + len(varint(len(nonzero))) < len(dense):
+        return bytes([Encoding.SPARSE]) + varint(len(nonzero)) + varint(len(sparse)) + sparse
+    return bytes([Encoding.DENSE]) + varint(len(dense)) + dense
+
+
+def chunk(kind: int, payload: bytes) -> bytes:
+    length = struct.pack("<I", len(payload))
+    crc = zlib.crc32(payload, zlib.crc32(length, zlib.crc32(bytes([kind]))))
+    return CHUNK_HEADER.pack(kind, 0, 0, len(payload), crc) + payload
+
+
+def file_header(version: int = FORMAT_VERSION) -> bytes:
+    return HEADER.pack(MAGIC, version, 0)
+
+
+def encode_events(rows: Iterable[Sequence[int]], first_seq: int) -> bytes:
+    """EVENTS payload from rows of (kind, time, thread, stream, addr, size, block, stack, arg)."""
+    rows = [tuple(int(x) for x in r) for r in rows]
+    if not rows:
+        raise ValueError("an events chunk holds at least one event")
+    cols = list(zip(*rows))
+    any_addr = 0
+    for a in cols[4]:
+        any_addr |= a
+    shift = (any_addr & -any_addr).bit_length() - 1 if any_addr else 0
+    times = cols[1]
+    addrs = [a >> shift for a in cols[4]]
+    out = bytearray()
+    out += varint(len(rows)) + varint(first_seq) + varint(zigzag(times[0])) + bytes([shift])
+    out += bytes([Encoding.RAW]) + bytes(cols[0])
+    out += encode_column([zigzag(t - (times[i - 1] if i else times[0])) for i, t in enumerate(times)])
+    out += encode_column(cols[2])
+    out += encode_column(cols[3])
+    out += encode_column([zigzag(a - (addrs[i - 1] if i else 0)) for i, a in enumerate(addrs)])
+    for c in cols[5:]:
+        out += encode_column(c)
+    return bytes(out)

@@ -1,0 +1,94 @@
+"""What a capture records about the process that made it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from typing import Any
+
+from . import _format
+
+
+def parse_alloc_conf(conf: str | None) -> dict[str, str]:
+    """Parses a PYTORCH_CUDA_ALLOC_CONF string: 'key:value,key:[a:b,c:d]'."""
+    out: dict[str, str] = {}
+    if not conf:
+        return out
+    depth = 0
+    item = ""
+    items = []
+    for ch in conf:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth = max(0, depth - 1)
+        if ch == "," and depth == 0:
+            items.append(item)
+            item = ""
+        else:
+            item += ch
+    items.append(item)
+    for item in items:
+        item = item.strip()
+        if not item:
+            continue
+        key, _, value = item.partition(":")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _distributed() -> dict[str, Any]:
+    info: dict[str, Any] = {}
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            info = {"rank": dist.get_rank(), "world_size": dist.get_world_size(), "backend": str(dist.get_backend())}
+    except Exception:  # a broken process group must not stop a recording
+        pass
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        if key.lower() not in info and key in os.environ:
+            try:
+                info[key.lower()] = int(os.environ[key])
+            except ValueError:
+                pass
+    return info
+
+
+def collect(devices: list[str], stacks: str) -> dict[str, Any]:
+    import torch
+
+    from . import __version__
+
+    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or os.environ.get("PYTORCH_ALLOC_CONF")
+    meta: dict[str, Any] = {
+        "allocscope_version": __version__,
+        "format_version": _format.FORMAT_VERSION,
+        "start_unix_ns": time.time_ns(),
+        "start_monotonic_ns": time.monotonic_ns(),  # CLOCK_MONOTONIC, the events' clock
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "argv": list(sys.argv),
+        "executable": sys.executable,
+        "cwd": os.getcwd(),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "devices_recorded": devices,
+        "stacks": stacks,
+        "alloc_conf": {"raw": conf, "parsed": parse_alloc_conf(conf)},
+        "no_cuda_memory_caching": os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") not in (None, "", "0"),
+        "distributed": _distributed(),
+    }
+    if "cuda" in devices:
+        cuda_devices = []
+        for i in range(torch.cuda.device_count()):
+            p = torch.cuda.get_device_properties(i)
+            cuda_devices.append({"index": i, "name": p.name, "total_memory": int(p.total_memory),
+                                 "capability": f"{p.major}.{p.minor}"})
+        meta["cuda_devices"] = cuda_devices
+        meta["current_device"] = torch.cuda.current_device()
+        meta["allocator_backend"] = torch.cuda.get_allocator_backend()
+    return meta

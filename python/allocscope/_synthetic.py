@@ -1,0 +1,117 @@
+"""Building capture files by hand: for tests of the reader and of every
+analysis, on event streams whose right answers are known.
+
+    b = CaptureBuilder()
+    s = b.stack([("train.py", "step", 12)])
+    b.alloc(0x1000, 4096, stack=s)
+    b.free(0x1000)
+    b.write("synthetic.alsc")
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Sequence
+
+from . import _format as F
+
+
+class CaptureBuilder:
+    """Accumulates tables and events, then encodes a complete capture."""
+
+    def __init__(self, metadata: dict[str, Any] | None = None, *, device: int = -1):
+        self.metadata = {"synthetic": True, "devices_recorded": ["cpu" if device < 0 else "cuda"]}
+        self.metadata.update(metadata or {})
+        self.strings: list[str] = []
+        self.frames: list[tuple[int, int, int]] = []
+        self.nodes: list[tuple[int, int]] = [(0, 0)]  # node 0: the empty stack
+        self.threads: list[tuple[int, str]] = [(0, "<other threads>")]
+        self.streams: list[tuple[int, int]] = [(-2, 0), (-1, 0)]
+        self.events: list[tuple[int, ...]] = []
+        self.baselines: list[dict] = []
+        self.time_ns = 1_000_000
+        self.default_stream = F.CPU_STREAM if device < 0 else self.stream(device, 0)
+
+    # ---- tables
+
+    def string(self, s: str) -> int:
+        if s not in self.strings:
+            self.strings.append(s)
+        return self.strings.index(s)
+
+    def frame(self, filename: str, function: str, line: int) -> int:
+        key = (self.string(filename), self.string(function), line)
+        if key not in self.frames:
+            self.frames.append(key)
+        return self.frames.index(key)
+
+    def stack(self, frames: Sequence[tuple[str, str, int]]) -> int:
+        """Node id of a stack given innermost frame first."""
+        node = 0
+        for filename, function, line in reversed(frames):
+            key = (node, self.frame(filename, function, line))
+            if key not in self.nodes:
+                self.nodes.append(key)
+            node = self.nodes.index(key)
+        return node
+
+    def thread(self, tid: int, name: str = "") -> int:
+        self.threads.append((tid, name))
+        return len(self.threads) - 1
+
+    def stream(self, device: int, handle: int) -> int:
+        if (device, handle) not in self.streams:
+            self.streams.append((device, handle))
+        return self.streams.index((device, handle))
+
+    # ---- events
+
+    def event(self, kind: int, *, addr: int = 0, size: int = 0, block: int = 0, stack: int = 0,
+              arg: int = 0, thread: int = 0, stream: int | None = None, dt: int = 1000) -> int:
+        """Appends an event dt ns after the previous one; returns its sequence number."""
+        self.time_ns += dt
+        stream = self.default_stream if stream is None else stream
+        self.events.append((kind, self.time_ns, thread, stream, addr, size, block, stack, arg))
+        return len(self.events) - 1
+
+    def alloc(self, addr: int, size: int, **kw: Any) -> int:
+        return self.event(F.EventKind.ALLOC, addr=addr, size=size, **kw)
+
+    def free(self, addr: int, size: int = 0, **kw: Any) -> int:
+        return self.event(F.EventKind.FREE, addr=addr, size=size, **kw)
+
+    def mark(self, label: str, **kw: Any) -> int:
+        return self.event(F.EventKind.MARK, arg=self.string(label), stream=F.NO_STREAM, **kw)
+
+    def baseline(self, baseline: dict) -> None:
+        self.baselines.append(baseline)
+
+    # ---- output
+
+    def to_bytes(self, *, footer: bool = True, events_per_chunk: int = 65536) -> bytes:
+        out = bytearray(F.file_header())
+        out += F.chunk(F.Chunk.METADATA, json.dumps(self.metadata).encode())
+        out += F.chunk(F.Chunk.STRINGS, F.varint(0) + F.varint(len(self.strings)) + b"".join(
+            F.varint(len(b)) + b for b in (s.encode() for s in self.strings)))
+        out += F.chunk(F.Chunk.FRAMES, F.varint(0) + F.varint(len(self.frames)) + b"".join(
+            F.varint(a) + F.varint(b) + F.varint(F.zigzag(c)) for a, b, c in self.frames))
+        out += F.chunk(F.Chunk.STACKS, F.varint(0) + F.varint(len(self.nodes)) + b"".join(
+            F.varint(p) + F.varint(f) for p, f in self.nodes))
+        out += F.chunk(F.Chunk.THREADS, F.varint(0) + F.varint(len(self.threads)) + b"".join(
+            F.varint(t) + F.varint(len(n.encode())) + n.encode() for t, n in self.threads))
+        out += F.chunk(F.Chunk.STREAMS, F.varint(0) + F.varint(len(self.streams)) + b"".join(
+            F.varint(F.zigzag(d)) + F.varint(h) for d, h in self.streams))
+        for b in self.baselines:
+            out += F.chunk(F.Chunk.BASELINE, json.dumps(b).encode())
+        for start in range(0, len(self.events), events_per_chunk):
+            out += F.chunk(F.Chunk.EVENTS, F.encode_events(self.events[start:start + events_per_chunk], start))
+        if footer:
+            out += F.chunk(F.Chunk.FOOTER, json.dumps(
+                {"events": len(self.events), "dropped": 0, "reason": "stopped"}).encode())
+        return bytes(out)
+
+    def write(self, path: str | os.PathLike[str], **kw: Any) -> str:
+        with open(path, "wb") as f:
+            f.write(self.to_bytes(**kw))
+        return os.fspath(path)

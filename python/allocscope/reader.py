@@ -1,0 +1,398 @@
+"""Reading capture files: allocscope.load(path) -> Capture.
+
+Events come back as columnar numpy arrays, with the string, frame, stack,
+thread and stream tables, the baselines and the metadata. A file that ends
+early (the recorded process crashed or was killed) loads up to its last whole
+chunk, with a TruncatedCaptureWarning.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import struct
+import warnings
+import zlib
+from typing import Any, Iterator
+
+import numpy as np
+
+from . import _format as F
+from ._format import EventKind, FormatError
+from ._progress import Progress
+
+__all__ = [
+    "Capture",
+    "CaptureError",
+    "CorruptCaptureError",
+    "Events",
+    "Frame",
+    "NotACaptureError",
+    "StreamInfo",
+    "ThreadInfo",
+    "TruncatedCaptureWarning",
+    "UnsupportedVersionError",
+    "load",
+]
+
+
+class CaptureError(Exception):
+    """A capture file cannot be read."""
+
+
+class NotACaptureError(CaptureError):
+    """The file is not an allocscope capture."""
+
+
+class UnsupportedVersionError(CaptureError):
+    """The file's format version is not one this allocscope reads."""
+
+
+class CorruptCaptureError(CaptureError):
+    """The file is damaged (a checksum or structure check failed)."""
+
+
+class TruncatedCaptureWarning(UserWarning):
+    """The file ends early; its valid prefix was loaded."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Frame:
+    filename: str
+    function: str
+    line: int
+
+    def __str__(self) -> str:
+        return f"{self.function} ({self.filename}:{self.line})"
+
+
+@dataclasses.dataclass(frozen=True)
+class ThreadInfo:
+    native_id: int
+    name: str
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamInfo:
+    device: int  # -1: CPU, -2: none
+    handle: int  # cudaStream_t value (0: the default stream)
+
+
+_EVENT_FIELDS = {
+    "seq": np.uint64,
+    "time_ns": np.int64,
+    "kind": np.uint8,
+    "via_allocator": np.bool_,
+    "thread": np.uint16,
+    "stream": np.uint16,
+    "device": np.int16,
+    "addr": np.uint64,
+    "size": np.uint64,
+    "block": np.uint64,
+    "stack": np.uint32,
+    "arg": np.uint64,
+}
+
+
+class Events:
+    """Events as parallel numpy arrays, in sequence order.
+
+    kind: EventKind value (the via-allocator bit is split out into
+    via_allocator); device: derived from the stream (-1 CPU, -2 none);
+    arg: per kind (ALLOC: ns spent in the wrapped allocator; OOM: device
+    free bytes; MARK and annotations: string id of the label).
+    """
+
+    __slots__ = tuple(_EVENT_FIELDS)
+
+    seq: np.ndarray
+    time_ns: np.ndarray
+    kind: np.ndarray
+    via_allocator: np.ndarray
+    thread: np.ndarray
+    stream: np.ndarray
+    device: np.ndarray
+    addr: np.ndarray
+    size: np.ndarray
+    block: np.ndarray
+    stack: np.ndarray
+    arg: np.ndarray
+
+    def __init__(self, **columns: np.ndarray):
+        for name, dtype in _EVENT_FIELDS.items():
+            setattr(self, name, np.asarray(columns.get(name, np.zeros(0, dtype)), dtype))
+
+    def __len__(self) -> int:
+        return len(self.seq)
+
+    def mask(self, kind: EventKind | int) -> np.ndarray:
+        return self.kind == int(kind)
+
+    def select(self, index: np.ndarray) -> "Events":
+        return Events(**{name: getattr(self, name)[index] for name in _EVENT_FIELDS})
+
+    def counts(self) -> dict[str, int]:
+        kinds, counts = np.unique(self.kind, return_counts=True)
+        return {_kind_name(int(k)): int(c) for k, c in zip(kinds, counts)}
+
+
+def _kind_name(kind: int) -> str:
+    try:
+        return EventKind(kind).name.lower()
+    except ValueError:
+        return f"annotation{kind}" if F.FIRST_ANNOTATION <= kind <= F.LAST_ANNOTATION else f"kind{kind}"
+
+
+class Capture:
+    """A loaded capture. See allocscope.load."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.version = F.FORMAT_VERSION
+        self.metadata: dict[str, Any] = {}
+        self.events = Events()
+        self.strings: list[str] = []
+        self.frame_file = np.zeros(0, np.uint32)  # string ids
+        self.frame_function = np.zeros(0, np.uint32)
+        self.frame_line = np.zeros(0, np.int32)
+        self.stack_parent = np.zeros(0, np.uint32)  # node 0 is the empty stack
+        self.stack_frame = np.zeros(0, np.uint32)
+        self.threads: list[ThreadInfo] = []
+        self.streams: list[StreamInfo] = []
+        self.baselines: list[dict[str, Any]] = []
+        self.footer: dict[str, Any] | None = None
+        self.warnings: list[str] = []
+
+    @property
+    def complete(self) -> bool:
+        """True when recording stopped cleanly (the file has its footer)."""
+        return self.footer is not None
+
+    def frame(self, frame_id: int) -> Frame:
+        return Frame(self.strings[self.frame_file[frame_id]], self.strings[self.frame_function[frame_id]],
+                     int(self.frame_line[frame_id]))
+
+    def stack(self, stack_id: int) -> list[Frame]:
+        """The frames of a stack, innermost first."""
+        frames = []
+        node = int(stack_id)
+        while node != 0:
+            frames.append(self.frame(int(self.stack_frame[node])))
+            node = int(self.stack_parent[node])
+        return frames
+
+    def label(self, event_index: int) -> str:
+        """The label of a MARK or annotation event."""
+        sid = int(self.events.arg[event_index])
+        return self.strings[sid] if sid < len(self.strings) else "?"
+
+    def baseline(self, label: str) -> dict[str, Any] | None:
+        for b in self.baselines:
+            if b.get("label") == label:
+                return b
+        return None
+
+    @property
+    def duration_ns(self) -> int:
+        t = self.events.time_ns
+        return int(t.max() - t.min()) if len(t) else 0
+
+    def __repr__(self) -> str:
+        state = "complete" if self.complete else "incomplete"
+        return f"<Capture {self.path!r}: {len(self.events)} events, {len(self.stack_parent)} stacks, {state}>"
+
+
+def load(path: str | os.PathLike[str], *, salvage: bool = False, progress: bool | None = None) -> Capture:
+    """Reads a capture file.
+
+    Raises NotACaptureError, UnsupportedVersionError or CorruptCaptureError
+    (all CaptureError) when the file cannot be read. A file that ends early
+    loads up to its last whole chunk with a TruncatedCaptureWarning. With
+    salvage=True a damaged chunk ends the load the same way instead of raising.
+    progress: show a progress bar on stderr (default: for large files on a TTY).
+    """
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except IsADirectoryError:
+        raise CaptureError(f"{path} is a directory, not a capture file") from None
+    except OSError as e:
+        raise CaptureError(f"cannot read {path}: {e.strerror or e}") from None
+    return _Decoder(path, data, salvage, progress).run()
+
+
+class _Decoder:
+    def __init__(self, path: str, data: bytes, salvage: bool, progress: bool | None):
+        self.path = path
+        self.data = memoryview(data)
+        self.salvage = salvage
+        self.progress = Progress(f"loading {os.path.basename(path)}", len(data), enabled=progress)
+        self.capture = Capture(path)
+        self.blocks: list[F.EventBlock] = []
+        self.frame_rows: list[tuple[int, int, int]] = []
+        self.node_rows: list[tuple[int, int]] = []
+
+    def run(self) -> Capture:
+        self._header()
+        try:
+            for kind, payload, offset in self._chunks():
+                try:
+                    self._chunk(kind, payload)
+                except (ValueError, struct.error, IndexError, OverflowError) as e:  # FormatError is a ValueError
+                    self._damaged(f"chunk at byte {offset} is invalid: {e}")
+                    break
+                self.progress.update(offset + F.CHUNK_HEADER.size + len(payload))
+        finally:
+            self.progress.close()
+        self._finish()
+        for message in self.capture.warnings:
+            warnings.warn(f"{self.path}: {message}", TruncatedCaptureWarning, stacklevel=3)
+        return self.capture
+
+    def _damaged(self, message: str) -> None:
+        if not self.salvage:
+            raise CorruptCaptureError(f"{self.path}: {message}")
+        self.capture.warnings.append(f"{message}; loaded what precedes it")
+
+    def _header(self) -> None:
+        if len(self.data) == 0:
+            raise NotACaptureError(f"{self.path} is empty, not an allocscope capture file")
+        if len(self.data) < F.HEADER.size or bytes(self.data[:8]) != F.MAGIC:
+            if bytes(self.data[:8]) == F.MAGIC[: min(8, len(self.data))] and len(self.data) < F.HEADER.size:
+                raise CorruptCaptureError(f"{self.path}: the file ends inside its header")
+            raise NotACaptureError(f"{self.path} is not an allocscope capture file")
+        _, version, _flags = F.HEADER.unpack_from(self.data, 0)
+        if version != F.FORMAT_VERSION:
+            newer = "newer than" if version > F.FORMAT_VERSION else "older than"
+            raise UnsupportedVersionError(
+                f"{self.path} uses capture format version {version}, {newer} the version this allocscope reads "
+                f"({F.FORMAT_VERSION})")
+        self.capture.version = version
+
+    def _chunks(self) -> Iterator[tuple[int, memoryview, int]]:
+        pos = F.HEADER.size
+        end = len(self.data)
+        while pos < end:
+            if pos + F.CHUNK_HEADER.size > end:
+                self.capture.warnings.append(f"the file ends inside a chunk header at byte {pos}")
+                return
+            kind, zero1, zero2, length, crc = F.CHUNK_HEADER.unpack_from(self.data, pos)
+            if zero1 or zero2 or length > F.MAX_CHUNK:
+                self._damaged(f"chunk header at byte {pos} is invalid")
+                return
+            start = pos + F.CHUNK_HEADER.size
+            if start + length > end:
+                self.capture.warnings.append(
+                    f"the file ends inside a chunk (byte {pos}, {length} bytes declared, {end - start} present)")
+                return
+            payload = self.data[start:start + length]
+            actual = zlib.crc32(payload, zlib.crc32(self.data[pos + 4:pos + 8], zlib.crc32(self.data[pos:pos + 1])))
+            if actual != crc:
+                self._damaged(f"checksum mismatch in the chunk at byte {pos}")
+                return
+            yield kind, payload, pos
+            pos = start + length
+
+    def _chunk(self, kind: int, payload: memoryview) -> None:
+        c = self.capture
+        if kind == F.Chunk.EVENTS:
+            block = F.EventBlock(payload)
+            self._check_references(block)
+            self.blocks.append(block)
+        elif kind == F.Chunk.STRINGS:
+            count, pos = F.table_entries(payload, len(c.strings))
+            for _ in range(count):
+                n, pos = F.read_varint(payload, pos)
+                if pos + n > len(payload):
+                    raise FormatError("string runs past the end of its chunk")
+                try:
+                    c.strings.append(bytes(payload[pos:pos + n]).decode("utf-8"))
+                except UnicodeDecodeError as e:
+                    raise FormatError(f"string is not UTF-8: {e}") from None
+                pos += n
+            self._end(payload, pos)
+        elif kind == F.Chunk.FRAMES:
+            count, pos = F.table_entries(payload, len(self.frame_rows))
+            for _ in range(count):
+                filename, pos = F.read_varint(payload, pos)
+                function, pos = F.read_varint(payload, pos)
+                line, pos = F.read_varint(payload, pos)
+                if filename >= len(c.strings) or function >= len(c.strings):
+                    raise FormatError("frame names a string not yet defined")
+                self.frame_rows.append((filename, function, F.unzigzag(np.array([line], np.uint64))[0]))
+            self._end(payload, pos)
+        elif kind == F.Chunk.STACKS:
+            count, pos = F.table_entries(payload, len(self.node_rows))
+            for _ in range(count):
+                parent, pos = F.read_varint(payload, pos)
+                frame, pos = F.read_varint(payload, pos)
+                n = len(self.node_rows)
+                if n and (parent >= n or frame >= len(self.frame_rows)):
+                    raise FormatError("stack node names an undefined parent or frame")
+                self.node_rows.append((parent, frame))
+            self._end(payload, pos)
+        elif kind == F.Chunk.THREADS:
+            count, pos = F.table_entries(payload, len(c.threads))
+            for _ in range(count):
+                tid, pos = F.read_varint(payload, pos)
+                n, pos = F.read_varint(payload, pos)
+                if pos + n > len(payload):
+                    raise FormatError("thread name runs past the end of its chunk")
+                c.threads.append(ThreadInfo(tid, bytes(payload[pos:pos + n]).decode("utf-8", "replace")))
+                pos += n
+            self._end(payload, pos)
+        elif kind == F.Chunk.STREAMS:
+            count, pos = F.table_entries(payload, len(c.streams))
+            for _ in range(count):
+                device, pos = F.read_varint(payload, pos)
+                handle, pos = F.read_varint(payload, pos)
+                c.streams.append(StreamInfo(int(F.unzigzag(np.array([device], np.uint64))[0]), handle))
+            self._end(payload, pos)
+        elif kind == F.Chunk.METADATA:
+            c.metadata = F.parse_json_object(payload, "metadata")
+        elif kind == F.Chunk.BASELINE:
+            c.baselines.append(F.parse_json_object(payload, "baseline"))
+        elif kind == F.Chunk.FOOTER:
+            c.footer = F.parse_json_object(payload, "footer")
+        # Unknown chunk types are skipped: a newer writer may add some without
+        # breaking older readers (docs/format.md, "Compatibility").
+
+    @staticmethod
+    def _end(payload: memoryview, pos: int) -> None:
+        if pos != len(payload):
+            raise FormatError("bytes left at the end of a table chunk")
+
+    def _check_references(self, block: F.EventBlock) -> None:
+        # Writers put every table entry before its first use, so a reference
+        # beyond the tables read so far means a damaged or forged file.
+        c = self.capture
+        if int(block.stack.max()) >= max(len(self.node_rows), 1):
+            raise FormatError("event names a stack not yet defined")
+        if int(block.thread.max()) >= max(len(c.threads), 1):
+            raise FormatError("event names a thread not yet defined")
+        if int(block.stream.max()) >= max(len(c.streams), 2):
+            raise FormatError("event names a stream not yet defined")
+
+    def _finish(self) -> None:
+        c = self.capture
+        if self.frame_rows:
+            rows = np.array(self.frame_rows, np.int64)
+            c.frame_file, c.frame_function = rows[:, 0].astype(np.uint32), rows[:, 1].astype(np.uint32)
+            c.frame_line = rows[:, 2].astype(np.int32)
+        nodes = np.array(self.node_rows or [(0, 0)], np.int64).reshape(-1, 2)
+        c.stack_parent, c.stack_frame = nodes[:, 0].astype(np.uint32), nodes[:, 1].astype(np.uint32)
+        if not self.blocks:
+            return
+        cat = lambda name: np.concatenate([getattr(b, name) for b in self.blocks])  # noqa: E731
+        seq = np.concatenate([np.arange(b.first_seq, b.first_seq + len(b.kind), dtype=np.uint64) for b in self.blocks])
+        raw_kind = cat("kind")
+        stream = cat("stream")
+        stream_device = np.array([s.device for s in c.streams] or [-2, -1], np.int16)
+        c.events = Events(
+            seq=seq, time_ns=cat("time"), kind=raw_kind & F.KIND_MASK,
+            via_allocator=(raw_kind & F.VIA_ALLOCATOR) != 0, thread=cat("thread"), stream=stream,
+            device=stream_device[stream], addr=cat("addr"), size=cat("size"), block=cat("block"),
+            stack=cat("stack"), arg=cat("arg"))
+        if c.footer is not None and int(c.footer.get("dropped", 0)):
+            c.warnings.append(f"{c.footer['dropped']} events were lost to write errors while recording")
