@@ -34,6 +34,7 @@ inline void adopt(c10::DataPtr& d, c10::DeleterFnPtr inner_deleter, c10::Deleter
 // Records a FREE before the memory goes back to the wrapped allocator, so that
 // no later allocation of the same address can precede it in the stream.
 inline void record_free(void* ptr, uint16_t stream) {
+  if (ptr == nullptr) return;  // deleting nothing (some code wraps nullptr with raw_deleter())
   EmitScope scope;
   if (!scope) return;
   RawEvent ev;

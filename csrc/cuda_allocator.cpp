@@ -56,10 +56,6 @@ uint16_t stream_index(c10::DeviceIndex device, uint64_t handle) {
 // Frees `ptr` through `free_fn`, recording the free first (see record_free).
 template <typename Free>
 void free_through(void* ptr, Free&& free_fn) {
-  if (ptr == nullptr) {
-    free_fn();
-    return;
-  }
   record_free(ptr, format::kNoStream);  // the ALLOC of ptr names its stream
   CudaThreadState& tl = t_state;
   uintptr_t saved = tl.in_free;

@@ -1,0 +1,33 @@
+"""Imported at startup by Python processes run under `allocscope run`.
+
+This folder is first on PYTHONPATH, so this module shadows any other
+sitecustomize: load that one too, then arm allocscope (see allocscope._autostart).
+"""
+
+import importlib.machinery
+import importlib.util
+import os
+import sys
+
+
+def _run_shadowed_sitecustomize() -> None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is not None and spec.loader is not None:
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+
+
+def _arm() -> None:
+    try:
+        from allocscope import _autostart
+    except ImportError as e:
+        print(f"allocscope: not recording this process ({sys.executable}): cannot import allocscope: {e}",
+              file=sys.stderr)
+        return
+    _autostart.activate()
+
+
+_run_shadowed_sitecustomize()
+_arm()

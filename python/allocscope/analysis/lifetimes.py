@@ -1,0 +1,67 @@
+"""Pairing each allocation with its free, and the bytes live over time."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from .._format import EventKind
+from ..reader import Events
+
+
+@dataclasses.dataclass(frozen=True)
+class Lifetimes:
+    """Allocation/free pairs of a capture, by event index.
+
+    alloc: indices of ALLOC events; free: the index of each one's FREE, or -1
+    if still live when recording stopped. unmatched_frees: FREE events of
+    memory allocated before recording started. double_allocs: ALLOC events at
+    an address that was already live (a free the recorder did not see).
+    """
+
+    alloc: np.ndarray
+    free: np.ndarray
+    unmatched_frees: np.ndarray
+    double_allocs: np.ndarray
+
+    @property
+    def live_at_end(self) -> np.ndarray:
+        return self.alloc[self.free < 0]
+
+
+def lifetimes(events: Events) -> Lifetimes:
+    is_alloc = events.kind == EventKind.ALLOC
+    is_free = events.kind == EventKind.FREE
+    idx = np.flatnonzero(is_alloc | is_free)
+    # Per (device, address) in sequence order, a well-formed stream alternates
+    # ALLOC, FREE, ALLOC, ... (possibly starting with the FREE of an older block).
+    order = idx[np.lexsort((events.seq[idx], events.addr[idx], events.device[idx]))]
+    addr = events.addr[order]
+    dev = events.device[order]
+    alloc_here = is_alloc[order]
+    same_prev = np.zeros(len(order), bool)
+    same_prev[1:] = (addr[1:] == addr[:-1]) & (dev[1:] == dev[:-1])
+    prev_alloc = np.zeros(len(order), bool)
+    prev_alloc[1:] = alloc_here[:-1]
+    pair = same_prev & prev_alloc & ~alloc_here  # a FREE right after an ALLOC of its address
+    free_of = np.full(len(order), -1, np.int64)
+    free_of[np.flatnonzero(pair) - 1] = order[pair]
+    allocs = order[alloc_here]
+    frees = free_of[alloc_here]
+    unmatched = order[~alloc_here & ~pair]
+    doubles = order[alloc_here & same_prev & prev_alloc]
+    sort = np.argsort(allocs, kind="stable")
+    return Lifetimes(allocs[sort], frees[sort], np.sort(unmatched), np.sort(doubles))
+
+
+def live_bytes(events: Events, lt: Lifetimes | None = None) -> np.ndarray:
+    """Requested bytes live after each event, counting allocations made while
+    recording (memory that existed before recording is not included)."""
+    lt = lt if lt is not None else lifetimes(events)
+    delta = np.zeros(len(events), np.int64)
+    sizes = events.size[lt.alloc].astype(np.int64)
+    delta[lt.alloc] += sizes
+    freed = lt.free >= 0
+    np.add.at(delta, lt.free[freed], -sizes[freed])
+    return np.cumsum(delta)
