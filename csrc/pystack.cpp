@@ -207,8 +207,10 @@ Symbol symbolize(const RawFrame& frame, Walker walker) {
   (void)walker;
   s.line = PyCode_Addr2Line(code, frame.instr < 0 ? -1 : frame.instr * 2);
 #else
+  // Before 3.11 only the GIL walker exists, and it keys frames by line.
+  (void)walker;
   s.function = utf8(code->co_name);
-  s.line = walker == Walker::kGil ? frame.instr : PyCode_Addr2Line(code, frame.instr * 2);
+  s.line = frame.instr;
 #endif
   return s;
 }

@@ -26,6 +26,7 @@ class CaptureBuilder:
         self.strings: list[str] = []
         self.frames: list[tuple[int, int, int]] = []
         self.nodes: list[tuple[int, int]] = [(0, 0)]  # node 0: the empty stack
+        self._node_ids: dict[tuple[int, int], int] = {}  # the root is not a (parent, frame) key
         self.threads: list[tuple[int, str]] = [(0, "<other threads>")]
         self.streams: list[tuple[int, int]] = [(-2, 0), (-1, 0)]
         self.events: list[tuple[int, ...]] = []
@@ -51,9 +52,10 @@ class CaptureBuilder:
         node = 0
         for filename, function, line in reversed(frames):
             key = (node, self.frame(filename, function, line))
-            if key not in self.nodes:
+            if key not in self._node_ids:
+                self._node_ids[key] = len(self.nodes)
                 self.nodes.append(key)
-            node = self.nodes.index(key)
+            node = self._node_ids[key]
         return node
 
     def thread(self, tid: int, name: str = "") -> int:

@@ -34,14 +34,16 @@ def lifetimes(events: Events) -> Lifetimes:
     is_alloc = events.kind == EventKind.ALLOC
     is_free = events.kind == EventKind.FREE
     idx = np.flatnonzero(is_alloc | is_free)
-    # Per (device, address) in sequence order, a well-formed stream alternates
-    # ALLOC, FREE, ALLOC, ... (possibly starting with the FREE of an older block).
-    order = idx[np.lexsort((events.seq[idx], events.addr[idx], events.device[idx]))]
+    # Per address in sequence order, a well-formed stream alternates ALLOC,
+    # FREE, ALLOC, ... (possibly starting with the FREE of an older block).
+    # Addresses alone identify memory: CUDA's unified addressing keeps every
+    # device's and the host's apart, and a wrapper FREE on CUDA does not know
+    # its device (its ALLOC does).
+    order = idx[np.lexsort((events.seq[idx], events.addr[idx]))]
     addr = events.addr[order]
-    dev = events.device[order]
     alloc_here = is_alloc[order]
     same_prev = np.zeros(len(order), bool)
-    same_prev[1:] = (addr[1:] == addr[:-1]) & (dev[1:] == dev[:-1])
+    same_prev[1:] = addr[1:] == addr[:-1]
     prev_alloc = np.zeros(len(order), bool)
     prev_alloc[1:] = alloc_here[:-1]
     pair = same_prev & prev_alloc & ~alloc_here  # a FREE right after an ALLOC of its address

@@ -1,0 +1,20 @@
+from allocscope._metadata import parse_alloc_conf
+from allocscope._units import format_bytes
+
+
+def test_alloc_conf_parsing_keeps_bracketed_lists_whole():
+    assert parse_alloc_conf(None) == {}
+    assert parse_alloc_conf("") == {}
+    assert parse_alloc_conf("expandable_segments:True") == {"expandable_segments": "True"}
+    assert parse_alloc_conf(" max_split_size_mb:128 , garbage_collection_threshold:0.6,") == {
+        "max_split_size_mb": "128", "garbage_collection_threshold": "0.6"}
+    assert parse_alloc_conf("roundup_power2_divisions:[256:1,512:2,>:8],expandable_segments:False") == {
+        "roundup_power2_divisions": "[256:1,512:2,>:8]", "expandable_segments": "False"}
+
+
+def test_sizes_use_binary_units():
+    assert format_bytes(0) == "0 B"
+    assert format_bytes(1023) == "1023 B"
+    assert format_bytes(1024) == "1.00 KiB"
+    assert format_bytes(3 * 1024**3 // 2) == "1.50 GiB"
+    assert format_bytes(-2048) == "-2.00 KiB"
