@@ -40,12 +40,11 @@ const Environment* g_env = &kRealEnvironment;
 struct CudaThreadState {
   int in_alloc;          // inside the wrapper's allocation call
   uintptr_t in_free;     // the pointer the wrapper is freeing, or 0
-  uintptr_t requested;   // the last FREE_REQUESTED address (see on_trace)
   bool oom_seen;
   uint64_t oom_rounded;  // from the OOM trace entry: rounded request
   uint64_t oom_free;     // and the device's free bytes
 };
-thread_local CudaThreadState t_state = {0, 0, 0, false, 0, 0};
+thread_local CudaThreadState t_state = {0, 0, false, 0, 0};
 
 c10::DeleterFnPtr g_inner_deleter = nullptr;
 
@@ -82,11 +81,6 @@ void delete_boxed(void* ctx) {
 void on_trace(const TraceEntry& te) {
   CudaThreadState& tl = t_state;
   const uint64_t addr = te.addr_;
-  // A free that completes at once follows its request on the same thread
-  // inside the same call; the FREE event already says it all.
-  const bool immediate = te.action_ == TraceEntry::FREE_COMPLETED && addr != 0 && tl.requested == addr;
-  tl.requested = te.action_ == TraceEntry::FREE_REQUESTED ? addr : 0;
-  if (immediate) return;
   EmitScope scope;
   if (!scope) return;
   RawEvent ev;
@@ -103,6 +97,11 @@ void on_trace(const TraceEntry& te) {
       ev.kind = format::kFree | format::kViaAllocator;
       break;
     case TraceEntry::FREE_COMPLETED:
+      // Completed inside the wrapper's own free: at once, the FREE says it
+      // all. Completions anywhere else were deferred (cross-stream use), and
+      // so are recorded; for frees that bypassed the wrapper, an immediate
+      // completion is recorded too (harmless: it says the block is reusable).
+      if (tl.in_free == addr) return;
       ev.kind = format::kFreeCompleted;
       break;
     case TraceEntry::SEGMENT_ALLOC:

@@ -164,8 +164,9 @@ class EmitScope {
   }
 
  private:
-  ThreadEntry* entry_;
+  // Declared (so initialized) before entry_: enter() writes it.
   uint16_t thread_ = 0;
+  ThreadEntry* entry_;
 };
 
 }  // namespace allocscope

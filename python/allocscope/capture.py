@@ -36,17 +36,25 @@ _active: "Recording | None" = None
 _atexit_registered = False
 
 
-def _resolve_devices(device: Any) -> tuple[str, ...]:
+def _device_type(device: Any) -> str | None:
+    """'cpu', 'cuda', or None (decide when starting); accepts torch.device too."""
     if device is None:
-        import torch
-
-        return ("cuda",) if torch.cuda.is_available() else ("cpu",)
+        return None
     text = str(device)
     if text == "cpu":
-        return ("cpu",)
+        return "cpu"
     if text == "cuda" or (text.startswith("cuda:") and text[5:].isdigit()):
-        return ("cuda",)
+        return "cuda"
     raise ValueError(f"device must be 'cpu', 'cuda' or None (CUDA if available), not {device!r}")
+
+
+def _resolve_devices(device: Any) -> tuple[str, ...]:
+    kind = _device_type(device)
+    if kind is None:
+        import torch
+
+        kind = "cuda" if torch.cuda.is_available() else "cpu"
+    return (kind,)
 
 
 def _rss_bytes() -> int | None:
@@ -70,6 +78,7 @@ class Recording:
             raise TypeError(f"path must be a str or os.PathLike, not {type(path).__name__}")
         if stacks not in STACK_MODES:
             raise ValueError(f"stacks must be one of {', '.join(map(repr, STACK_MODES))}, not {stacks!r}")
+        _device_type(device)
         self.path = os.path.abspath(os.fspath(path))
         self.stacks = stacks
         self._device = device
