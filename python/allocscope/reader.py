@@ -162,6 +162,7 @@ class Capture:
         self.baselines: list[dict[str, Any]] = []
         self.footer: dict[str, Any] | None = None
         self.warnings: list[str] = []
+        self.chunk_bytes: dict[str, int] = {}  # file bytes by chunk type, headers included
 
     @property
     def complete(self) -> bool:
@@ -291,6 +292,8 @@ class _Decoder:
             if actual != crc:
                 self._damaged(f"checksum mismatch in the chunk at byte {pos}")
                 return
+            name = F.Chunk(kind).name.lower() if kind in F.Chunk._value2member_map_ else "unknown"
+            self.capture.chunk_bytes[name] = self.capture.chunk_bytes.get(name, 0) + F.CHUNK_HEADER.size + length
             yield kind, payload, pos
             pos = start + length
 

@@ -54,6 +54,8 @@ def summarize(path: str) -> dict[str, Any]:
         "threads": len(cap.threads) - 1 if cap.threads else 0,
         "file_bytes": size,
         "bytes_per_event": size / len(ev) if len(ev) else None,
+        "event_bytes_per_event": cap.chunk_bytes.get("events", 0) / len(ev) if len(ev) else None,
+        "chunk_bytes": cap.chunk_bytes,
         "live_at_end": {"bytes": int(live[-1]) if len(live) else 0, "allocations": int(len(lt.live_at_end))},
         "peak_live": {"bytes": int(live[peak_i]) if peak_i >= 0 else 0,
                       "at_s": (int(ev.time_ns[peak_i]) - int(ev.time_ns[0])) / 1e9 if peak_i >= 0 else None},
@@ -99,7 +101,8 @@ def _text(s: dict[str, Any]) -> str:
     lines.append(f"  stacks     {md.get('stacks', '?')} ({walker}); {s['stacks']:,} distinct stacks, {s['frames']:,} frames")
     counts = ", ".join(f"{k} {v:,}" for k, v in s["events"].items() if k != "total")
     lines.append(f"  events     {s['events']['total']:,} ({counts})")
-    bpe = f", {s['bytes_per_event']:.1f} bytes/event" if s["bytes_per_event"] else ""
+    bpe = (f", {s['bytes_per_event']:.1f} bytes/event ({s['event_bytes_per_event']:.1f} in events, "
+           f"the rest stacks, tables and baselines)") if s["bytes_per_event"] else ""
     lines.append(f"  file       {fb(s['file_bytes'])}{bpe}")
     lines.append(f"  live       at end {fb(s['live_at_end']['bytes'])} in {s['live_at_end']['allocations']:,} allocations; "
                  f"peak {fb(s['peak_live']['bytes'])}" + (f" at {s['peak_live']['at_s']:.3f} s" if s['peak_live']['at_s'] is not None else "")

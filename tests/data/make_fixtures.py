@@ -1,0 +1,35 @@
+"""Makes the small real captures in tests/data (run from the repository root):
+
+    python tests/data/make_fixtures.py
+
+cpu_train_v1.alsc: two Adam steps of a small CNN on the CPU, recorded with
+Python stacks, format version 1. Tests read it as real data (the reader's
+fuzz test mutates it); keep it when the format version changes, so that the
+reader is shown to keep reading version 1.
+"""
+
+import os
+
+import torch
+from torch import nn
+
+import allocscope
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def cpu_train(path: str) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 5))
+    opt = torch.optim.Adam(model.parameters())
+    with allocscope.record(path, device="cpu"):
+        for step in range(2):
+            loss = model(torch.randn(2, 3, 8, 8)).sum()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            allocscope.mark(f"step {step}")
+
+
+if __name__ == "__main__":
+    cpu_train(os.path.join(HERE, "cpu_train_v1.alsc"))

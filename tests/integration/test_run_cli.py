@@ -1,0 +1,92 @@
+"""`allocscope run`: recording a whole command without touching it."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import allocscope
+from allocscope import EventKind
+
+from ..conftest import ROOT
+
+SCRIPT = os.path.join(ROOT, "tests", "scripts", "train_small.py")
+MARKER_LINE = 19  # `marker = torch.empty(54321, ...)` in train_small.py
+
+
+def run(tmp_path, *args, output="run.alsc", timeout=300):
+    out = tmp_path / output
+    cmd = [sys.executable, "-m", "allocscope", "run", "--device", "cpu", "-o", str(out), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=tmp_path), out
+
+
+def _marker_stack(cap):
+    ev = cap.events
+    (i,) = np.flatnonzero((ev.kind == EventKind.ALLOC) & (ev.size == 54321))
+    return cap.stack(ev.stack[i])
+
+
+def test_run_records_an_unmodified_script(tmp_path):
+    with open(SCRIPT) as f:
+        assert f.read().splitlines()[MARKER_LINE - 1].strip().startswith("marker = torch.empty(54321")
+    result, out = run(tmp_path, "--", sys.executable, SCRIPT)
+    assert result.returncode == 0, result.stderr
+    assert "done" in result.stdout and "wrote run.alsc" in result.stderr
+    cap = allocscope.load(out)
+    assert cap.complete and cap.footer["reason"] == "exit"
+    assert cap.metadata["argv"][0] == SCRIPT
+    top = _marker_stack(cap)[0]
+    assert (top.filename, top.function, top.line) == (SCRIPT, "main", MARKER_LINE)
+    # Recording started when torch was imported: the model's parameters are in it.
+    assert (cap.events.size == 32 * 16 * 4).any()
+
+
+def test_python_is_implied_for_a_script_and_exit_status_is_passed_on(tmp_path):
+    result, out = run(tmp_path, "--", SCRIPT, "exit3")
+    assert result.returncode == 3
+    assert allocscope.load(out).complete
+
+
+def test_an_exception_in_the_script_still_finishes_the_file(tmp_path):
+    result, out = run(tmp_path, "--", SCRIPT, "raise")
+    assert result.returncode == 1 and "the script failed" in result.stderr
+    cap = allocscope.load(out)
+    assert cap.complete and len(_marker_stack(cap)) > 0
+
+
+def test_sigterm_in_the_script_finishes_the_file(tmp_path):
+    result, out = run(tmp_path, "--", SCRIPT, "sigterm")
+    assert result.returncode == 128 + 15
+    cap = allocscope.load(out)
+    assert cap.complete and cap.footer["reason"] == "SIGTERM"
+
+
+def test_spawned_worker_processes_write_their_own_files(tmp_path):
+    result, out = run(tmp_path, "--", SCRIPT, "spawn")
+    assert result.returncode == 0, result.stderr
+    others = [p for p in os.listdir(tmp_path) if p.startswith("run.pid")]
+    assert len(others) == 1, os.listdir(tmp_path)
+    worker = allocscope.load(tmp_path / others[0])
+    assert worker.complete and worker.metadata["pid"] != allocscope.load(out).metadata["pid"]
+    assert (worker.events.size == 77 * 4).any()
+
+
+def test_existing_output_needs_force(tmp_path):
+    (tmp_path / "run.alsc").write_bytes(b"old")
+    result, _ = run(tmp_path, "--", SCRIPT)
+    assert result.returncode == 2 and "--force" in result.stderr
+    result, out = run(tmp_path, "-f", "--", SCRIPT)
+    assert result.returncode == 0 and allocscope.load(out).complete
+
+
+def test_a_command_that_never_uses_torch_writes_nothing(tmp_path):
+    result, out = run(tmp_path, "--", sys.executable, os.path.join(ROOT, "tests", "scripts", "no_torch.py"))
+    assert result.returncode == 0 and "no capture was written" in result.stderr
+    assert not out.exists()
+
+
+def test_a_missing_command_is_a_clear_error(tmp_path):
+    result, _ = run(tmp_path, "--", "/no/such/program")
+    assert result.returncode == 2 and "cannot run /no/such/program" in result.stderr
