@@ -1,0 +1,199 @@
+"""Recording the real CUDA caching allocator (needs a GPU; skipped elsewhere).
+
+The same checks as on the CPU, plus what only the real allocator can show:
+totals against torch's own statistics at every mark, segment events against
+memory_reserved(), cross-stream frees, CUDA graphs, empty_cache, snapshots and
+history recording while recording, and an OOM."""
+
+import inspect
+
+import numpy as np
+import pytest
+
+import allocscope
+from allocscope import EventKind
+from allocscope.analysis import lifetimes
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+
+pytestmark = pytest.mark.cuda
+
+
+@pytest.fixture(autouse=True)
+def clean_cuda():
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    yield
+    torch.cuda.synchronize()
+
+
+def baseline_blocks(baseline):
+    """{address: (size, requested)} of allocated blocks in a CUDA baseline."""
+    out = {}
+    for seg in baseline["segments"]:
+        addr = seg["address"]
+        for size, requested, allocated, _active in seg["blocks"]:
+            if allocated:
+                out[addr] = (size, requested)
+            addr += size
+    return out
+
+
+def replay_totals(cap, upto):
+    """(requested bytes live, reserved bytes) after the first `upto` events."""
+    live = {a: r for a, (_, r) in baseline_blocks(cap.baseline("start")).items()}
+    reserved = sum(s["total_size"] for s in cap.baseline("start")["segments"])
+    ev = cap.events
+    for i in range(upto):
+        kind, addr, size = int(ev.kind[i]), int(ev.addr[i]), int(ev.size[i])
+        if kind == EventKind.ALLOC:
+            live[addr] = size
+        elif kind == EventKind.FREE:
+            live.pop(addr)
+        elif kind in (EventKind.SEGMENT_ALLOC, EventKind.SEGMENT_MAP):
+            reserved += size
+        elif kind in (EventKind.SEGMENT_FREE, EventKind.SEGMENT_UNMAP):
+            reserved -= size
+    return sum(live.values()), reserved
+
+
+def test_totals_match_torch_at_every_mark(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3), nn.BatchNorm2d(16), nn.ReLU(), nn.Flatten(),
+                          nn.Linear(16 * 30 * 30, 10)).cuda()
+    opt = torch.optim.Adam(model.parameters())
+    expected = []
+    path = tmp_path / "gpu.alsc"
+    with allocscope.record(path, device="cuda"):
+        for step in range(3):
+            loss = model(torch.randn(32, 3, 32, 32, device="cuda")).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            torch.cuda.synchronize()
+            stats = torch.cuda.memory_stats()
+            expected.append((stats["requested_bytes.all.current"], torch.cuda.memory_reserved(),
+                             torch.cuda.memory_allocated()))
+            allocscope.mark(f"step {step}")
+    cap = allocscope.load(path)
+    assert cap.complete and cap.metadata["devices_recorded"] == ["cuda"]
+    marks = np.flatnonzero(cap.events.kind == EventKind.MARK)
+    assert len(marks) == 3
+    for mark, (requested, reserved, allocated) in zip(marks, expected):
+        live_requested, live_reserved = replay_totals(cap, int(mark))
+        assert live_requested == requested
+        assert live_reserved == reserved  # segment events add up to memory_reserved()
+        # Block sizes are not reported per allocation (the allocator does not
+        # say; the simulator derives them): requested bytes bound them below.
+        assert allocated >= live_requested
+    lt = lifetimes(cap.events)
+    assert len(lt.double_allocs) == 0
+    start_blocks = baseline_blocks(cap.baseline("start"))
+    assert set(cap.events.addr[lt.unmatched_frees].tolist()) <= set(start_blocks)
+
+
+def test_recording_after_init_with_live_tensors(tmp_path):
+    before = torch.randn(1000, device="cuda")  # allocated before recording
+    ptr = before.data_ptr()
+    with allocscope.record(tmp_path / "late.alsc", device="cuda"):
+        del before
+        after = torch.randn(2000, device="cuda")
+    cap = allocscope.load(tmp_path / "late.alsc")
+    ev = cap.events
+    (free,) = np.flatnonzero((ev.kind == EventKind.FREE) & (ev.addr == ptr))
+    assert ev.via_allocator[free] and ev.size[free] == 4000  # seen by the allocator's hook
+    assert ptr in baseline_blocks(cap.baseline("start"))
+    (alloc,) = np.flatnonzero((ev.kind == EventKind.ALLOC) & (ev.size == 8000))
+    assert ev.device[alloc] == torch.cuda.current_device() and not ev.via_allocator[alloc]
+    assert after.data_ptr() == ev.addr[alloc]
+
+
+def test_record_stream_keeps_memory_from_early_reuse(tmp_path):
+    side = torch.cuda.Stream()
+    n = 64 << 20
+    with allocscope.record(tmp_path / "streams.alsc", device="cuda"):
+        x = torch.empty(n, dtype=torch.uint8, device="cuda")
+        ptr = x.data_ptr()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(int(1e9))  # keep the side stream busy
+            y = x + 1
+        x.record_stream(side)
+        del x
+        z = torch.empty(n, dtype=torch.uint8, device="cuda")  # while the side stream still uses x
+        reused_early = z.data_ptr() == ptr
+        side.synchronize()
+        del y, z
+        w = torch.empty(n, dtype=torch.uint8, device="cuda")  # completes x's deferred free
+        del w
+    assert not reused_early
+    cap = allocscope.load(tmp_path / "streams.alsc")
+    ev = cap.events
+    (free,) = np.flatnonzero((ev.kind == EventKind.FREE) & (ev.addr == ptr) & ~ev.via_allocator)
+    done = np.flatnonzero((ev.kind == EventKind.FREE_COMPLETED) & (ev.addr == ptr))
+    assert len(done) == 1 and done[0] > free
+    side_allocs = np.flatnonzero((ev.kind == EventKind.ALLOC) & (ev.size == n))
+    assert {cap.streams[s].handle for s in ev.stream[side_allocs]} == {torch.cuda.current_stream().cuda_stream}
+
+
+def test_cuda_graph_capture_inside_the_block(tmp_path):
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8)).cuda()
+    static_x = torch.randn(16, 64, device="cuda")
+    warm = torch.cuda.Stream()
+    warm.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(warm):
+        for _ in range(3):
+            model(static_x)
+    torch.cuda.current_stream().wait_stream(warm)
+    with allocscope.record(tmp_path / "graph.alsc", device="cuda"):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_y = model(static_x)
+        static_x.copy_(torch.randn_like(static_x))
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(static_y, model(static_x))
+    cap = allocscope.load(tmp_path / "graph.alsc")
+    assert cap.complete
+    assert (cap.events.kind == EventKind.ALLOC).sum() >= 1
+
+
+def test_empty_cache_stats_snapshot_and_history_keep_working(tmp_path):
+    with allocscope.record(tmp_path / "cache.alsc", device="cuda"):
+        torch.cuda.memory._record_memory_history(max_entries=1000)
+        x = torch.empty(100 << 20, dtype=torch.uint8, device="cuda")
+        snapshot = torch.cuda.memory._snapshot()
+        torch.cuda.memory._record_memory_history(enabled=None)
+        del x
+        before = torch.cuda.memory_reserved()
+        torch.cuda.empty_cache()
+        after = torch.cuda.memory_reserved()
+        stats = torch.cuda.memory_stats()
+        backend = torch.cuda.get_allocator_backend()
+    assert after <= before - (100 << 20)
+    assert stats["allocated_bytes.all.current"] == torch.cuda.memory_allocated()
+    assert backend == "native"
+    traces = [e for trace in snapshot["device_traces"] for e in trace if e["action"] == "alloc"]
+    assert any(e["size"] == 100 << 20 for e in traces)
+    cap = allocscope.load(tmp_path / "cache.alsc")
+    ev = cap.events
+    empties = np.flatnonzero(ev.kind == EventKind.EMPTY_CACHE)
+    freed = np.flatnonzero(ev.kind == EventKind.SEGMENT_FREE)
+    assert len(empties) >= 1 and any(i > empties[-1] and ev.size[i] >= 100 << 20 for i in freed)
+
+
+def test_oom_inside_the_block_leaves_an_oom_event_and_a_complete_file(tmp_path):
+    path = tmp_path / "oom.alsc"
+    line = None
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        with allocscope.record(path, device="cuda"):
+            line = inspect.currentframe().f_lineno + 1
+            torch.empty(1 << 50, dtype=torch.uint8, device="cuda")
+    cap = allocscope.load(path)
+    assert cap.complete
+    ev = cap.events
+    (oom,) = np.flatnonzero(ev.kind == EventKind.OOM)
+    assert ev.size[oom] == 1 << 50 and ev.block[oom] >= 1 << 50 and ev.arg[oom] > 0
+    top = cap.stack(ev.stack[oom])[0]
+    assert (top.filename, top.line) == (__file__, line)
