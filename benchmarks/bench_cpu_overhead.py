@@ -1,0 +1,90 @@
+"""Per-allocation cost of recording on the CPU; prints JSON.
+
+Times `torch.empty(16)` (one allocation and one free) in a loop, called from a
+stack of a given depth, with no recording, recording without stacks, and
+recording with Python stacks. Modes are interleaved over several rounds and
+the median is reported, to damp drift on a shared machine.
+
+    python benchmarks/bench_cpu_overhead.py [--n 200000] [--rounds 7] [--out FILE]
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+
+import allocscope
+
+
+def nested(depth, fn):
+    return fn() if depth == 0 else nested(depth - 1, fn)
+
+
+def loop(n):
+    empty = torch.empty
+    t0 = time.perf_counter_ns()
+    for _ in range(n):
+        empty(16)
+    return (time.perf_counter_ns() - t0) / n
+
+
+def measure(mode, n, depth, path):
+    if mode == "off":
+        return nested(depth, lambda: loop(n))
+    with allocscope.record(path, device="cpu", stacks=mode):
+        return nested(depth, lambda: loop(n))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--n", type=int, default=200_000)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--depths", type=int, nargs="+", default=[5, 40])
+    parser.add_argument("--out", help="also write the JSON here")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    path = os.path.join(tempfile.mkdtemp(), "bench.alsc")
+    modes = ["off", "none", "python"]
+    results = []
+    for depth in args.depths:
+        samples = {m: [] for m in modes}
+        measure("python", 1000, depth, path)  # warm up (first stacks, symbolization)
+        for _ in range(args.rounds):
+            for m in modes:
+                samples[m].append(measure(m, args.n, depth, path))
+        med = {m: statistics.median(v) for m, v in samples.items()}
+        results.append({
+            "stack_depth": depth,
+            "ns_per_alloc_free": {m: round(v, 1) for m, v in med.items()},
+            "overhead_ns": {m: round(med[m] - med["off"], 1) for m in ("none", "python")},
+            "spread_ns": {m: [round(min(v), 1), round(max(v), 1)] for m, v in samples.items()},
+        })
+    cap = allocscope.load(path)
+    report = {
+        "benchmark": "cpu_overhead",
+        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+        "what": "ns per torch.empty(16) call (one allocation + one free), median of rounds",
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "machine": f"{platform.machine()} {os.cpu_count()} cpus",
+        "stack_walker": cap.metadata["recorder"]["stack_walker"],
+        "n_per_round": args.n,
+        "rounds": args.rounds,
+        "results": results,
+        "file_bytes_per_event_events_only": round(cap.chunk_bytes["events"] / len(cap.events), 2),
+    }
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
