@@ -41,6 +41,7 @@ class RecordingCPUAllocator final : public c10::Allocator {
     ev.size = n;
     ev.stack = stack;
     ev.arg = static_cast<uint64_t>(t1 - t0);
+    ev.time_ns = t1;
     ev.stream = format::kCpuStream;
     scope.push(ev);
     return d;

@@ -44,7 +44,7 @@ struct CudaThreadState {
   uint64_t oom_rounded;  // from the OOM trace entry: rounded request
   uint64_t oom_free;     // and the device's free bytes
 };
-thread_local CudaThreadState t_state = {0, 0, false, 0, 0};
+ALLOCSCOPE_TLS CudaThreadState t_state = {0, 0, false, 0, 0};
 
 c10::DeleterFnPtr g_inner_deleter = nullptr;
 
@@ -357,6 +357,7 @@ class RecordingCUDAAllocator final : public cca::CUDAAllocator {
     ev.size = n;
     ev.stack = stack;
     ev.arg = static_cast<uint64_t>(t1 - t0);
+    ev.time_ns = t1;
     ev.stream = stream_index(device, stream ? reinterpret_cast<uintptr_t>(*stream) : g_env->current_stream(device));
     scope.push(ev);
     return result;

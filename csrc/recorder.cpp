@@ -43,9 +43,9 @@ uint64_t EventRing::push(const RawEvent& ev) {
   }
   Slot& slot = slots_[pos & (kCapacity - 1)];
   slot.ev = ev;
-  // Timestamp after claiming the slot, so that times follow sequence order as
-  // closely as possible across threads.
-  slot.ev.time_ns = now_ns();
+  // Events without a time are stamped after claiming the slot, so that times
+  // follow sequence order as closely as possible across threads.
+  if (ev.time_ns == 0) slot.ev.time_ns = now_ns();
   slot.seq.store(pos + 1, std::memory_order_release);
   return pos;
 }

@@ -30,7 +30,7 @@
 namespace allocscope {
 
 struct RawEvent {
-  int64_t time_ns = 0;
+  int64_t time_ns = 0;  // 0: stamped when pushed
   uint64_t addr = 0;
   uint64_t size = 0;
   uint64_t block = 0;

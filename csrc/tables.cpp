@@ -1,5 +1,7 @@
 #include "tables.h"
 
+#include "clock.h"
+
 #include <pthread.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -68,7 +70,7 @@ struct ThreadCache {
   ThreadEntry* entry;
   uint16_t index;
 };
-thread_local ThreadCache tl_thread = {0, nullptr, 0};
+ALLOCSCOPE_TLS ThreadCache tl_thread = {0, nullptr, 0};
 }  // namespace
 
 ThreadEntry* ThreadTable::current(uint64_t generation, uint16_t* index) {
@@ -110,7 +112,7 @@ struct StreamCache {
   uint64_t handle;
   uint16_t index;
 };
-thread_local StreamCache tl_stream = {0, 0, 0, 0};
+ALLOCSCOPE_TLS StreamCache tl_stream = {0, 0, 0, 0};
 }  // namespace
 
 uint16_t StreamTable::index(uint64_t generation, int32_t device, uint64_t handle) {
