@@ -197,3 +197,26 @@ def test_oom_inside_the_block_leaves_an_oom_event_and_a_complete_file(tmp_path):
     assert ev.size[oom] == 1 << 50 and ev.block[oom] >= 1 << 50 and ev.arg[oom] > 0
     top = cap.stack(ev.stack[oom])[0]
     assert (top.filename, top.line) == (__file__, line)
+
+
+def test_run_starts_recording_when_the_script_initializes_cuda(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from ..conftest import ROOT
+
+    script = os.path.join(ROOT, "examples", "train.py")
+    out = tmp_path / "run.alsc"
+    result = subprocess.run([sys.executable, "-m", "allocscope", "run", "--device", "cuda", "-o", str(out), "--",
+                             sys.executable, script, "--steps", "2", "--device", "cuda"],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    cap = allocscope.load(out)
+    assert cap.complete and cap.metadata["devices_recorded"] == ["cuda"]
+    ev = cap.events
+    allocs = np.flatnonzero((ev.kind == EventKind.ALLOC) & ~ev.via_allocator)
+    assert (ev.device[allocs] >= 0).all()
+    files = {f.filename for i in allocs for f in cap.stack(ev.stack[i])}
+    assert script in files
+    assert (ev.kind == EventKind.SEGMENT_ALLOC).any()

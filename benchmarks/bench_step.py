@@ -1,0 +1,187 @@
+"""Step time of real training steps with and without recording; prints JSON.
+
+Models built in code (no downloads): a small GPT-style transformer and a
+ResNet-style CNN. Modes, interleaved over rounds (median reported):
+  off               no recording
+  allocscope-none   allocscope, no stacks
+  allocscope-python allocscope, Python stacks
+  torch-history     torch.cuda.memory._record_memory_history(stacks="python") (CUDA only)
+Also compares file sizes: an allocscope capture of the measured steps against
+torch's _dump_snapshot pickle of the same steps.
+
+    python benchmarks/bench_step.py                 # on CUDA (the numbers that matter)
+    python benchmarks/bench_step.py --device cpu --small   # smoke run anywhere
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+from torch import nn
+
+import allocscope
+
+
+class Block(nn.Module):
+    def __init__(self, d, heads):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.attn = nn.MultiheadAttention(d, heads, batch_first=True)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x, mask):
+        h = self.ln1(x)
+        x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab, d, layers, heads, seq):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(seq, d)
+        self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
+        self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.tok.weight  # tied
+        self.register_buffer("mask", torch.triu(torch.full((seq, seq), float("-inf")), 1))
+
+    def forward(self, idx):
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+        for b in self.blocks:
+            x = b(x, self.mask)
+        return self.head(self.ln(x))
+
+
+class ResBlock(nn.Module):
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(),
+                                  nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout))
+        self.skip = nn.Identity() if stride == 1 and cin == cout else nn.Sequential(
+            nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        return torch.relu(self.body(x) + self.skip(x))
+
+
+def resnet(width):
+    layers, c = [nn.Conv2d(3, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU()], width
+    for i, mult in enumerate((1, 2, 4, 8)):
+        layers += [ResBlock(c, width * mult, 1 if i == 0 else 2), ResBlock(width * mult, width * mult, 1)]
+        c = width * mult
+    return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c, 100))
+
+
+def workloads(device, small):
+    if small:
+        gpt = dict(vocab=512, d=64, layers=2, heads=4, seq=32, batch=4)
+        cnn = dict(width=8, batch=4, size=32)
+    else:
+        gpt = dict(vocab=8192, d=512, layers=8, heads=8, seq=256, batch=16)
+        cnn = dict(width=64, batch=64, size=64)
+    g = GPT(gpt["vocab"], gpt["d"], gpt["layers"], gpt["heads"], gpt["seq"]).to(device)
+    r = resnet(cnn["width"]).to(device)
+    return {
+        "gpt": (g, lambda: (torch.randint(0, gpt["vocab"], (gpt["batch"], gpt["seq"]), device=device),),
+                lambda out, x: nn.functional.cross_entropy(out.flatten(0, 1), x[0].flatten()), gpt),
+        "resnet": (r, lambda: (torch.randn(cnn["batch"], 3, cnn["size"], cnn["size"], device=device),),
+                   lambda out, x: out.logsumexp(1).mean(), cnn),
+    }
+
+
+def run_steps(model, opt, make_input, loss_fn, steps, device):
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        x = make_input()
+        loss = loss_fn(model(*x), x)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    sync()
+    return (time.perf_counter() - t0) / steps
+
+
+def timed(mode, model, opt, make_input, loss_fn, steps, device, path, snapshot_path=None):
+    if mode == "off":
+        return run_steps(model, opt, make_input, loss_fn, steps, device), None
+    if mode == "torch-history":
+        torch.cuda.memory._record_memory_history(max_entries=10_000_000, stacks="python")
+        try:
+            t = run_steps(model, opt, make_input, loss_fn, steps, device)
+            if snapshot_path:
+                torch.cuda.memory._dump_snapshot(snapshot_path)
+        finally:
+            torch.cuda.memory._record_memory_history(enabled=None)
+        return t, None
+    with allocscope.record(path, device=device, stacks=mode.split("-")[1]) as rec:
+        t = run_steps(model, opt, make_input, loss_fn, steps, device)
+    return t, rec.summary
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--small", action="store_true", help="tiny models (smoke test)")
+    parser.add_argument("--out", help="also write the JSON here")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    tmp = tempfile.mkdtemp()
+    path = os.path.join(tmp, "step.alsc")
+    modes = ["off", "allocscope-none", "allocscope-python"] + (["torch-history"] if args.device == "cuda" else [])
+    results = {}
+    for name, (model, make_input, loss_fn, config) in workloads(args.device, args.small).items():
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        run_steps(model, opt, make_input, loss_fn, 3, args.device)  # warm up (cuBLAS/cuDNN, optimizer state)
+        samples = {m: [] for m in modes}
+        for _ in range(args.rounds):
+            for m in modes:
+                samples[m].append(timed(m, model, opt, make_input, loss_fn, args.steps, args.device, path)[0])
+        med = {m: statistics.median(v) for m, v in samples.items()}
+        # File sizes for the same number of steps.
+        _, summary = timed("allocscope-python", model, opt, make_input, loss_fn, args.steps, args.device, path)
+        cap = allocscope.load(path)
+        sizes = {"allocscope_bytes": os.path.getsize(path), "events": len(cap.events),
+                 "allocscope_event_bytes_per_event": round(cap.chunk_bytes["events"] / len(cap.events), 2),
+                 "allocscope_bytes_per_event": round(os.path.getsize(path) / len(cap.events), 2)}
+        if "torch-history" in modes:
+            pickle_path = os.path.join(tmp, "snapshot.pickle")
+            timed("torch-history", model, opt, make_input, loss_fn, args.steps, args.device, path, pickle_path)
+            sizes["torch_snapshot_bytes"] = os.path.getsize(pickle_path)
+            sizes["torch_over_allocscope"] = round(sizes["torch_snapshot_bytes"] / sizes["allocscope_bytes"], 1)
+        results[name] = {
+            "config": config,
+            "step_ms": {m: round(v * 1e3, 3) for m, v in med.items()},
+            "overhead_pct": {m: round(100 * (med[m] / med["off"] - 1), 2) for m in modes if m != "off"},
+            "step_ms_spread": {m: [round(min(v) * 1e3, 3), round(max(v) * 1e3, 3)] for m, v in samples.items()},
+            "allocations_per_step": round(cap.events.counts().get("alloc", 0) / args.steps, 1),
+            "files": sizes,
+        }
+        del model, opt
+    report = {
+        "benchmark": "step",
+        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else f"cpu ({os.cpu_count()} cpus)",
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "steps": args.steps,
+        "rounds": args.rounds,
+        "results": results,
+    }
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
