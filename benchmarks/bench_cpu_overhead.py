@@ -9,17 +9,15 @@ the median is reported, to damp drift on a shared machine.
 """
 
 import argparse
-import json
 import os
-import platform
 import statistics
-import sys
 import tempfile
 import time
 
 import torch
 
 import allocscope
+from _common import emit, environment
 
 
 def nested(depth, fn):
@@ -68,22 +66,15 @@ def main():
     cap = allocscope.load(path)
     report = {
         "benchmark": "cpu_overhead",
-        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+        **environment(),
         "what": "ns per torch.empty(16) call (one allocation + one free), median of rounds",
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "machine": f"{platform.machine()} {os.cpu_count()} cpus",
         "stack_walker": cap.metadata["recorder"]["stack_walker"],
         "n_per_round": args.n,
         "rounds": args.rounds,
         "results": results,
         "file_bytes_per_event_events_only": round(cap.chunk_bytes["events"] / len(cap.events), 2),
     }
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    emit(report, args.out)
 
 
 if __name__ == "__main__":

@@ -7,16 +7,13 @@ recorder and writer are the real ones) and times loading the file.
 """
 
 import argparse
-import json
 import os
-import platform
-import sys
 import tempfile
 import time
 
-import torch
 
 import allocscope
+from _common import emit, environment
 from allocscope._native import native
 
 
@@ -51,18 +48,11 @@ def main():
         os.remove(path)
     report = {
         "benchmark": "load",
-        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+        **environment(),
         "what": "allocscope.load of a real recording (alloc/free pairs, no stacks), best of 3",
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "machine": f"{platform.machine()} {os.cpu_count()} cpus",
         "results": results,
     }
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    emit(report, args.out)
 
 
 if __name__ == "__main__":

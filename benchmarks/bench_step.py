@@ -14,11 +14,8 @@ torch's _dump_snapshot pickle of the same steps.
 """
 
 import argparse
-import json
 import os
-import platform
 import statistics
-import sys
 import tempfile
 import time
 
@@ -26,6 +23,7 @@ import torch
 from torch import nn
 
 import allocscope
+from _common import emit, environment
 
 
 class Block(nn.Module):
@@ -168,19 +166,13 @@ def main():
         del model, opt
     report = {
         "benchmark": "step",
-        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+        **environment(),
         "device": torch.cuda.get_device_name() if args.device == "cuda" else f"cpu ({os.cpu_count()} cpus)",
-        "torch": torch.__version__,
-        "python": platform.python_version(),
         "steps": args.steps,
         "rounds": args.rounds,
         "results": results,
     }
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    emit(report, args.out)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 
 namespace allocscope {
@@ -58,7 +59,7 @@ void ThreadTable::clear() {
     e.tid = 0;
     std::memset(e.name, 0, sizeof(e.name));
   }
-  std::strncpy(entries_[0].name, "<other threads>", sizeof(entries_[0].name) - 1);
+  std::snprintf(entries_[0].name, sizeof(entries_[0].name), "%s", "<other threads>");
   size_.store(1);
 }
 

@@ -272,7 +272,7 @@ def encode_events(rows: Iterable[Sequence[int]], first_seq: int) -> bytes:
     rows = [tuple(int(x) for x in r) for r in rows]
     if not rows:
         raise ValueError("an events chunk holds at least one event")
-    cols = list(zip(*rows))
+    cols = list(zip(*rows, strict=True))
     any_addr = 0
     for a in cols[4]:
         any_addr |= a

@@ -133,7 +133,7 @@ class Events:
 
     def counts(self) -> dict[str, int]:
         kinds, counts = np.unique(self.kind, return_counts=True)
-        return {_kind_name(int(k)): int(c) for k, c in zip(kinds, counts)}
+        return {_kind_name(int(k)): int(c) for k, c in zip(kinds, counts, strict=True)}
 
 
 def _kind_name(kind: int) -> str:

@@ -80,7 +80,7 @@ def test_totals_match_torch_at_every_mark(tmp_path):
     assert cap.complete and cap.metadata["devices_recorded"] == ["cuda"]
     marks = np.flatnonzero(cap.events.kind == EventKind.MARK)
     assert len(marks) == 3
-    for mark, (requested, reserved, allocated) in zip(marks, expected):
+    for mark, (requested, reserved, allocated) in zip(marks, expected, strict=True):
         live_requested, live_reserved = replay_totals(cap, int(mark))
         assert live_requested == requested
         assert live_reserved == reserved  # segment events add up to memory_reserved()

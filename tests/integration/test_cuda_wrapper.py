@@ -54,7 +54,7 @@ def test_allocations_and_frees_are_recorded_once_with_their_stack(fake_cuda, tmp
     assert len(_events_of(cap, KIND.ALLOC, via=True)) == 0
     assert ev.addr[allocs[2]] == addr_c == ev.addr[allocs[0]] or addr_c != addr_a
     assert (ev.device[allocs] == 0).all()
-    for i, expected_line in zip(allocs[:2], (line, line + 1)):
+    for i, expected_line in zip(allocs[:2], (line, line + 1), strict=True):
         top = cap.stack(ev.stack[i])[0]
         assert (top.filename, top.line) == (__file__, expected_line)
     lt = lifetimes(ev)

@@ -1,8 +1,6 @@
 """Recording real CPU training loops, end to end."""
 
 import inspect
-import json
-import sys
 
 import numpy as np
 import pytest

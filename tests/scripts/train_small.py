@@ -11,7 +11,7 @@ from torch import nn
 def main(mode: str) -> None:
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    for step in range(2):
+    for _ in range(2):
         loss = model(torch.randn(8, 16)).sum()
         loss.backward()
         opt.step()

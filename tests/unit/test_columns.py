@@ -28,7 +28,7 @@ def test_native_and_python_encoders_agree_and_roundtrip(native, values):
 
 def test_random_columns_roundtrip(native):
     rng = np.random.default_rng(0)
-    for trial in range(200):
+    for _ in range(200):
         n = int(rng.integers(1, 500))
         bits = int(rng.integers(1, 65))
         values = rng.integers(0, 2**min(bits, 63), n, dtype=np.uint64)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import os
 import signal
 import subprocess
