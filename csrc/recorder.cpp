@@ -118,11 +118,17 @@ void restore_sigterm_handler() {
 }  // namespace
 
 void Recorder::atfork_child() {
-  // The child has no writer thread: nothing may wait for one. Its allocators
-  // stay wrapped but pass through.
+  // The child has no writer thread: nothing may wait for one, and nothing
+  // would act on a SIGTERM the handler caught. Its allocators stay wrapped but
+  // pass through; stop() there is a no-op (owner_pid_ differs).
   Recorder& r = get();
+  // The recorder's mutexes may have been held by threads that the child does
+  // not have: it must not take them, so it cannot record.
+  if (r.active_.load() || r.writer_thread_.joinable()) r.forked_while_recording_ = true;
   r.active_.store(false);
   r.finished_.store(true);
+  if (r.sigterm_installed_) restore_sigterm_handler();  // async-signal-safe
+  r.sigterm_installed_ = false;
 }
 
 // ---------------------------------------------------------------------------
@@ -179,6 +185,11 @@ std::string with_recorder_info(const std::string& metadata, const std::string& w
 }  // namespace
 
 void Recorder::start(const StartOptions& options) {
+  if (forked_while_recording_) {
+    throw std::runtime_error(
+        "cannot record in a process forked while its parent was recording (the recorder's locks may be held "
+        "by threads the fork did not copy); start this process with the 'spawn' method, or record in the parent");
+  }
   if (active_.load() || writer_thread_.joinable()) {
     throw std::runtime_error("allocscope is already recording to " + path_ + "; stop that recording first");
   }
@@ -207,6 +218,7 @@ void Recorder::start(const StartOptions& options) {
     stop_reason_.clear();
   }
   finished_.store(false);
+  owner_pid_ = getpid();
   g_sigterm = 0;
   sigterm_installed_ = install_sigterm_handler();
   writer_thread_ = std::thread(&Recorder::writer_main, this);
@@ -226,7 +238,8 @@ void Recorder::wait_until_idle(int64_t timeout_ns) {
 
 StopSummary Recorder::stop(const std::string& reason) {
   StopSummary summary;
-  if (!writer_thread_.joinable()) return summary;
+  // In a forked child the thread object is a copy of the parent's: no thread.
+  if (!writer_thread_.joinable() || getpid() != owner_pid_) return summary;
   {
     // Threads in the recorder may be waiting for the GIL (a new stack) or for
     // the writer (a full ring): release the GIL while waiting for them.

@@ -14,6 +14,8 @@
 // drain (the busy/active pair is a Dekker handshake: both sides use seq_cst).
 #pragma once
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -145,6 +147,8 @@ class Recorder {
   std::string stop_reason_;                                      // under wake_mu_
   std::atomic<bool> finished_{false};  // the writer wrote the footer
   bool sigterm_installed_ = false;
+  pid_t owner_pid_ = 0;  // the process that started the recording
+  bool forked_while_recording_ = false;  // set in a child forked while recording
 };
 
 // RAII participation in recording; see the class comment of Recorder.

@@ -86,6 +86,7 @@ class Recording:
         self.devices: tuple[str, ...] = ()
         self.summary: dict[str, Any] | None = None
         self._running = False
+        self._pid = 0  # the process that started it (a forked child must not stop it)
 
     @property
     def active(self) -> bool:
@@ -123,9 +124,11 @@ class Recording:
                 C.stop("failed to start")
                 raise
             self._running = True
+            self._pid = os.getpid()
             _active = self
             if not _atexit_registered:
                 atexit.register(_stop_at_exit)
+                os.register_at_fork(after_in_child=_forget_in_child)
                 _atexit_registered = True
         return self
 
@@ -135,6 +138,10 @@ class Recording:
         with _lock:
             if not self._running:
                 return self.summary or {}
+            if os.getpid() != self._pid:  # a forked child: the parent's recording
+                self._running = False
+                _active = None
+                return {}
             C = native()
             try:
                 self._baseline("end")
@@ -232,6 +239,15 @@ def mark(label: str) -> bool:
 
 def active_recording() -> Recording | None:
     return _active
+
+
+def _forget_in_child() -> None:
+    # The parent's recording is not the child's: the native side stops
+    # recording in the child, and mark() and stop() there do nothing.
+    global _active
+    if _active is not None:
+        _active._running = False
+        _active = None
 
 
 def _stop_at_exit() -> None:

@@ -236,3 +236,37 @@ def test_forked_child_does_not_record_or_hang(tmp_path):
     ev = allocscope.load(path).events
     assert (ev.size == 31337 * 4).sum() == 1
     assert (ev.size == 8 * 4).sum() == 0
+
+
+def test_forked_child_still_dies_on_sigterm_and_exits_normally(tmp_path):
+    code = (
+        "import os, signal, sys, time, torch, allocscope\n"
+        f"rec = allocscope.record({str(tmp_path / 'f.alsc')!r}, device='cpu').__enter__()\n"
+        "r, w = os.pipe()\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    os.write(w, b'x')\n"
+        "    time.sleep(60)\n"  # the parent's SIGTERM must end this
+        "    os._exit(5)\n"
+        "os.read(r, 1)\n"
+        "os.kill(pid, signal.SIGTERM)\n"
+        "_, status = os.waitpid(pid, 0)\n"
+        "print('child1', os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM)\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    assert allocscope.mark('child') is False\n"
+        "    try:\n"
+        f"        allocscope.record({str(tmp_path / 'child.alsc')!r}, device='cpu').__enter__()\n"
+        "    except allocscope.AllocscopeError as e:\n"
+        "        assert 'forked while its parent was recording' in str(e)\n"
+        "    else:\n"
+        "        sys.exit(7)\n"
+        "    torch.empty(10)\n"
+        "    sys.exit(0)\n"  # runs the inherited atexit handlers
+        "_, status = os.waitpid(pid, 0)\n"
+        "print('child2', os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0)\n"
+    )
+    result = run_python(code, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["child1", "True", "child2", "True"], result.stderr
+    assert allocscope.load(tmp_path / "f.alsc").complete
