@@ -323,8 +323,9 @@ void Recorder::writer_main() {
       reason = stop_reason_;
     }
     wake_pending_.store(false);
-    // Events first, then the table entries they name, then the events: see
-    // tables.h for why this order makes every entry precede its first use.
+    // Drain the events first, then write the table entries published so far,
+    // then the events: every entry an event names was published before the
+    // event was pushed, so it is written before the event (tables.h).
     uint64_t first_seq = 0;
     ring_.drain(&batch, &first_seq);
     writer_->write_tables(tables_, threads_, streams_);

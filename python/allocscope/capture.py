@@ -119,9 +119,11 @@ class Recording:
                 if "cuda" in self.devices:
                     C.install_cuda()
                 self._baseline("start")
-            except BaseException:
+            except BaseException as e:
                 self._uninstall(C)
                 C.stop("failed to start")
+                if isinstance(e, RuntimeError):
+                    raise AllocscopeError(str(e).splitlines()[0]) from None
                 raise
             self._running = True
             self._pid = os.getpid()
@@ -143,14 +145,18 @@ class Recording:
                 _active = None
                 return {}
             C = native()
+            baseline_error = None
             try:
                 self._baseline("end")
-            finally:
-                self._uninstall(C)
-                self.summary = dict(C.stop(reason))
-                self._running = False
-                if _active is self:
-                    _active = None
+            except Exception as e:  # the file must still be finished, and a
+                baseline_error = e  # user's exception must not be masked
+            self._uninstall(C)
+            self.summary = dict(C.stop(reason))
+            self._running = False
+            if _active is self:
+                _active = None
+        if baseline_error is not None:
+            print(f"allocscope: {self.path} has no end baseline: {baseline_error}", file=sys.stderr)
         if self.summary.get("error"):
             print(f"allocscope: writing {self.path} failed: {self.summary['error']}; "
                   f"{self.summary['dropped']} events were lost", file=sys.stderr)

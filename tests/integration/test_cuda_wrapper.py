@@ -201,3 +201,18 @@ def test_threads_allocating_through_the_wrapper(fake_cuda, tmp_path):
     lt = lifetimes(ev)
     assert len(lt.alloc) == 2000 and len(lt.unmatched_frees) == 0 and len(lt.double_allocs) == 0
     assert len(np.unique(ev.thread[lt.alloc])) == 4
+
+
+def test_failures_at_start_and_end_are_clear_and_keep_the_file(fake_cuda, native, tmp_path, monkeypatch, capsys):
+    rec = _record(tmp_path)
+    monkeypatch.setattr(native, "install_cuda", lambda: (_ for _ in ()).throw(RuntimeError("allocator swapped\nC++ trace")))
+    with pytest.raises(allocscope.AllocscopeError, match="^allocator swapped$"):
+        rec.start()
+    assert not native.is_active() and allocscope.load(rec.path).complete
+    monkeypatch.undo()
+    rec = _record(tmp_path, "end.alsc").start()
+    monkeypatch.setattr(native, "cuda_baseline_json", lambda *a: (_ for _ in ()).throw(RuntimeError("device lost")))
+    summary = rec.stop()
+    assert summary["events"] >= 1 and "no end baseline: device lost" in capsys.readouterr().err
+    cap = allocscope.load(rec.path)
+    assert cap.complete and cap.baseline("start") is not None and cap.baseline("end") is None
