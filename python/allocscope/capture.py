@@ -100,7 +100,7 @@ class Recording:
             import torch
 
             if not C.built_with_cuda():
-                raise AllocscopeError("allocscope was built without CUDA support (torch is a CPU build)")
+                raise AllocscopeError("allocscope was built without CUDA support; rebuild it against a CUDA build of torch")
             if not torch.cuda.is_available():
                 raise AllocscopeError("CUDA is not available in this process; record with device='cpu'")
             torch.cuda.init()  # the wrapper needs the allocator initialized

@@ -127,7 +127,7 @@ def test_one_recording_at_a_time_and_clear_argument_errors(tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on machines without CUDA")
 def test_cuda_recording_without_cuda_is_a_clear_error(tmp_path):
-    with pytest.raises(allocscope.AllocscopeError, match="CUDA is not available"):
+    with pytest.raises(allocscope.AllocscopeError, match="CUDA is not available|built without CUDA support"):
         with allocscope.record(tmp_path / "c.alsc", device="cuda"):
             pass
 
