@@ -3,7 +3,9 @@
     python tests/data/make_fixtures.py
 
 cpu_train_v1.alsc: two Adam steps of a small CNN on the CPU, recorded with
-Python stacks, format version 1. Tests read it as real data (the reader's
+Python stacks, format version 1. cuda_train_v1.alsc (only where a GPU is
+available): the same on CUDA, so that CPU-only CI checks the analyses on real
+CUDA allocator data (tests/unit/test_cuda_fixtures.py). Tests read it as real data (the reader's
 fuzz test mutates it); keep it when the format version changes, so that the
 reader is shown to keep reading version 1.
 """
@@ -18,13 +20,14 @@ import allocscope
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def cpu_train(path: str) -> None:
+def train(path: str, device: str) -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 5))
+    model = model.to(device)
     opt = torch.optim.Adam(model.parameters())
-    with allocscope.record(path, device="cpu"):
+    with allocscope.record(path, device=device):
         for step in range(2):
-            loss = model(torch.randn(2, 3, 8, 8)).sum()
+            loss = model(torch.randn(2, 3, 8, 8, device=device)).sum()
             loss.backward()
             opt.step()
             opt.zero_grad()
@@ -32,4 +35,6 @@ def cpu_train(path: str) -> None:
 
 
 if __name__ == "__main__":
-    cpu_train(os.path.join(HERE, "cpu_train_v1.alsc"))
+    train(os.path.join(HERE, "cpu_train_v1.alsc"), "cpu")
+    if torch.cuda.is_available():
+        train(os.path.join(HERE, "cuda_train_v1.alsc"), "cuda")

@@ -14,6 +14,8 @@ import allocscope
 from allocscope import EventKind
 from allocscope.analysis import lifetimes
 
+from ..replay import baseline_blocks, replay_totals
+
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
@@ -26,36 +28,6 @@ def clean_cuda():
     torch.cuda.empty_cache()
     yield
     torch.cuda.synchronize()
-
-
-def baseline_blocks(baseline):
-    """{address: (size, requested)} of allocated blocks in a CUDA baseline."""
-    out = {}
-    for seg in baseline["segments"]:
-        addr = seg["address"]
-        for size, requested, allocated, _active in seg["blocks"]:
-            if allocated:
-                out[addr] = (size, requested)
-            addr += size
-    return out
-
-
-def replay_totals(cap, upto):
-    """(requested bytes live, reserved bytes) after the first `upto` events."""
-    live = {a: r for a, (_, r) in baseline_blocks(cap.baseline("start")).items()}
-    reserved = sum(s["total_size"] for s in cap.baseline("start")["segments"])
-    ev = cap.events
-    for i in range(upto):
-        kind, addr, size = int(ev.kind[i]), int(ev.addr[i]), int(ev.size[i])
-        if kind == EventKind.ALLOC:
-            live[addr] = size
-        elif kind == EventKind.FREE:
-            live.pop(addr)
-        elif kind in (EventKind.SEGMENT_ALLOC, EventKind.SEGMENT_MAP):
-            reserved += size
-        elif kind in (EventKind.SEGMENT_FREE, EventKind.SEGMENT_UNMAP):
-            reserved -= size
-    return sum(live.values()), reserved
 
 
 def test_totals_match_torch_at_every_mark(tmp_path):

@@ -216,3 +216,18 @@ def test_failures_at_start_and_end_are_clear_and_keep_the_file(fake_cuda, native
     assert summary["events"] >= 1 and "no end baseline: device lost" in capsys.readouterr().err
     cap = allocscope.load(rec.path)
     assert cap.complete and cap.baseline("start") is not None and cap.baseline("end") is None
+
+
+def test_events_carry_the_start_baseline_to_the_end_baseline(fake_cuda, tmp_path):
+    from ..replay import check_start_to_end
+
+    old = [fake_cuda.fake_allocate(n) for n in (1000, 3000)]  # before recording
+    rec = _record(tmp_path).start()
+    new = [fake_cuda.fake_allocate(n) for n in (2000, 4000, 6000)]
+    old[0].free()
+    new[1].free()
+    fake_cuda.fake_empty_cache()
+    rec.stop()
+    check_start_to_end(allocscope.load(rec.path))
+    for b in old + new:
+        b.free()
