@@ -44,6 +44,7 @@ PYBIND11_MODULE(_C, m) {
         d["bytes"] = s.bytes;
         d["stacks"] = s.stacks;
         d["stack_misses"] = s.stack_misses;
+        d["stack_overflows"] = s.stack_overflows;
         d["error"] = s.error;
         return d;
       },

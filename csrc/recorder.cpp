@@ -30,7 +30,7 @@ inline void cpu_relax() {
 
 EventRing::EventRing() : slots_(new Slot[kCapacity]) {}
 
-uint64_t EventRing::push(const RawEvent& ev) {
+void EventRing::push(const RawEvent& ev) {
   uint64_t pos = head_.fetch_add(1, std::memory_order_acq_rel);
   // Full: wait for the writer. It needs neither the GIL nor any allocator
   // lock, so waiting here while holding them cannot deadlock.
@@ -47,7 +47,6 @@ uint64_t EventRing::push(const RawEvent& ev) {
   // follow sequence order as closely as possible across threads.
   if (ev.time_ns == 0) slot.ev.time_ns = now_ns();
   slot.seq.store(pos + 1, std::memory_order_release);
-  return pos;
 }
 
 size_t EventRing::drain(std::vector<RawEvent>* out, uint64_t* first_seq) {
@@ -126,7 +125,6 @@ void Recorder::atfork_child() {
   // not have: it must not take them, so it cannot record.
   if (r.active_.load() || r.writer_thread_.joinable()) r.forked_while_recording_ = true;
   r.active_.store(false);
-  r.finished_.store(true);
   if (r.sigterm_installed_) restore_sigterm_handler();  // async-signal-safe
   r.sigterm_installed_ = false;
 }
@@ -217,7 +215,6 @@ void Recorder::start(const StartOptions& options) {
     pending_chunks_.clear();
     stop_reason_.clear();
   }
-  finished_.store(false);
   owner_pid_ = getpid();
   g_sigterm = 0;
   sigterm_installed_ = install_sigterm_handler();
@@ -262,6 +259,7 @@ StopSummary Recorder::stop(const std::string& reason) {
   summary.error = writer_->error();
   summary.stacks = tables_.nodes.size() - 1;
   summary.stack_misses = stacks_.misses();
+  summary.stack_overflows = stacks_.overflows();
   writer_.reset();
   if (python_stacks_) stacks_.release();
   return summary;
@@ -345,7 +343,6 @@ void Recorder::writer_main() {
           ", \"end_monotonic_ns\": " + std::to_string(now_ns()) + ", \"reason\": \"" + reason + "\"}";
       writer_->write_json(format::kChunkFooter, footer);
       writer_->close();
-      finished_.store(true);
       if (reason == "SIGTERM") {
         // Die the way SIGTERM would have killed us without allocscope.
         restore_sigterm_handler();

@@ -48,8 +48,8 @@ class EventRing {
   static constexpr uint64_t kCapacity = uint64_t{1} << 16;
 
   EventRing();
-  // Blocks (spinning, yielding) while the ring is full. Returns the sequence.
-  uint64_t push(const RawEvent& ev);
+  // Blocks (spinning, yielding) while the ring is full.
+  void push(const RawEvent& ev);
   // Consumer only: copies published events in order into out; returns count.
   size_t drain(std::vector<RawEvent>* out, uint64_t* first_seq);
   uint64_t head() const { return head_.load(std::memory_order_acquire); }
@@ -77,7 +77,8 @@ struct StopSummary {
   uint64_t dropped = 0;  // events lost to write errors
   uint64_t bytes = 0;
   uint64_t stacks = 0;
-  uint64_t stack_misses = 0;
+  uint64_t stack_misses = 0;     // distinct stacks symbolized
+  uint64_t stack_overflows = 0;  // stacks dropped: the tables were full
   std::string error;  // first write error, if any
 };
 
@@ -92,7 +93,6 @@ class Recorder {
   StopSummary stop(const std::string& reason);
   bool active() const { return active_.load(std::memory_order_relaxed); }
   std::string walker() const { return walker_; }
-  std::string path() const { return path_; }
   uint64_t next_seq() const { return ring_.head(); }
   // Queues a JSON chunk (baseline) for the writer.
   void add_json_chunk(uint8_t type, std::string json);
@@ -145,7 +145,6 @@ class Recorder {
   std::atomic<bool> wake_pending_{false};
   std::vector<std::pair<uint8_t, std::string>> pending_chunks_;  // under wake_mu_
   std::string stop_reason_;                                      // under wake_mu_
-  std::atomic<bool> finished_{false};  // the writer wrote the footer
   bool sigterm_installed_ = false;
   pid_t owner_pid_ = 0;  // the process that started the recording
   bool forked_while_recording_ = false;  // set in a child forked while recording

@@ -54,7 +54,6 @@ void register_bindings(py::module_& m) {
   py::class_<FakeBuffer>(m, "FakeBuffer")
       .def_property_readonly("ptr", [](const FakeBuffer& b) { return reinterpret_cast<uintptr_t>(b.ptr.get()); })
       .def_readonly("size", &FakeBuffer::size)
-      .def_property_readonly("deleter_is_fake", [](const FakeBuffer& b) { return b.ptr.get_deleter() != nullptr; })
       .def("free", [](FakeBuffer& b) { b.ptr.clear(); })
       .def("record_stream", [](FakeBuffer& b, uint64_t stream) { record_stream(b.ptr, stream); });
   m.def("install_fake_cuda", &install_fake);

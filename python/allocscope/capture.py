@@ -243,10 +243,6 @@ def mark(label: str) -> bool:
     return bool(native().annotate(int(EventKind.MARK), str(label), 0, 0, True))
 
 
-def active_recording() -> Recording | None:
-    return _active
-
-
 def _forget_in_child() -> None:
     # The parent's recording is not the child's: the native side stops
     # recording in the child, and mark() and stop() there do nothing.

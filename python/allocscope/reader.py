@@ -125,9 +125,6 @@ class Events:
     def __len__(self) -> int:
         return len(self.seq)
 
-    def mask(self, kind: EventKind | int) -> np.ndarray:
-        return self.kind == int(kind)
-
     def select(self, index: np.ndarray) -> "Events":
         return Events(**{name: getattr(self, name)[index] for name in _EVENT_FIELDS})
 
