@@ -7,7 +7,8 @@
 // store of the size, so the writer reads them without a lock. An event can only
 // name an entry that was published before the event was pushed, and the writer
 // drains events before it reads table sizes, so a table entry always precedes
-// its first use in the file.
+// its first use in the file. Tables also name each other (nodes name frames,
+// frames name strings): see Writer::write_tables for the order of reading.
 #pragma once
 
 #include <array>

@@ -164,62 +164,68 @@ void Writer::write_json(uint8_t type, const std::string& json) {
 }
 
 void Writer::write_tables(const InternTables& tables, const ThreadTable& threads, const StreamTable& streams) {
-  // Strings first: frames and marks refer to them.
-  size_t n = tables.strings.size();
-  if (n > strings_done_) {
+  // Stack nodes name frames, frames name strings, and producers publish a
+  // string before a frame that names it, a frame before a node. Reading the
+  // sizes in the reverse order (nodes, frames, strings) therefore takes in
+  // every entry that anything in the snapshot names; writing in the forward
+  // order puts each entry before its first use.
+  const size_t nodes = tables.nodes.size();
+  const size_t frames = tables.frames.size();
+  const size_t strings = tables.strings.size();
+  const size_t thread_count = threads.size();
+  const size_t stream_count = streams.size();
+  if (strings > strings_done_) {
     payload_.clear();
     put_varint(&payload_, strings_done_);
-    put_varint(&payload_, n - strings_done_);
-    for (size_t i = strings_done_; i < n; ++i) put_string(&payload_, tables.strings[i].data(), tables.strings[i].size());
-    if (write_chunk(kChunkStrings, payload_)) strings_done_ = n;
+    put_varint(&payload_, strings - strings_done_);
+    for (size_t i = strings_done_; i < strings; ++i) {
+      put_string(&payload_, tables.strings[i].data(), tables.strings[i].size());
+    }
+    if (write_chunk(kChunkStrings, payload_)) strings_done_ = strings;
   }
-  n = tables.frames.size();
-  if (n > frames_done_) {
+  if (frames > frames_done_) {
     payload_.clear();
     put_varint(&payload_, frames_done_);
-    put_varint(&payload_, n - frames_done_);
-    for (size_t i = frames_done_; i < n; ++i) {
+    put_varint(&payload_, frames - frames_done_);
+    for (size_t i = frames_done_; i < frames; ++i) {
       const FrameEntry& f = tables.frames[i];
       put_varint(&payload_, f.filename);
       put_varint(&payload_, f.function);
       put_varint(&payload_, zigzag(f.line));
     }
-    if (write_chunk(kChunkFrames, payload_)) frames_done_ = n;
+    if (write_chunk(kChunkFrames, payload_)) frames_done_ = frames;
   }
-  n = tables.nodes.size();
-  if (n > nodes_done_) {
+  if (nodes > nodes_done_) {
     payload_.clear();
     put_varint(&payload_, nodes_done_);
-    put_varint(&payload_, n - nodes_done_);
-    for (size_t i = nodes_done_; i < n; ++i) {
+    put_varint(&payload_, nodes - nodes_done_);
+    for (size_t i = nodes_done_; i < nodes; ++i) {
       put_varint(&payload_, tables.nodes[i].parent);
       put_varint(&payload_, tables.nodes[i].frame);
     }
-    if (write_chunk(kChunkStacks, payload_)) nodes_done_ = n;
+    if (write_chunk(kChunkStacks, payload_)) nodes_done_ = nodes;
   }
-  n = threads.size();
-  if (n > threads_done_) {
+  if (thread_count > threads_done_) {
     payload_.clear();
     put_varint(&payload_, threads_done_);
-    put_varint(&payload_, n - threads_done_);
+    put_varint(&payload_, thread_count - threads_done_);
     auto& table = const_cast<ThreadTable&>(threads);
-    for (size_t i = threads_done_; i < n; ++i) {
+    for (size_t i = threads_done_; i < thread_count; ++i) {
       const ThreadEntry& t = table.entry(static_cast<uint32_t>(i));
       put_varint(&payload_, t.tid);
       put_string(&payload_, t.name, strnlen(t.name, sizeof(t.name)));
     }
-    if (write_chunk(kChunkThreads, payload_)) threads_done_ = n;
+    if (write_chunk(kChunkThreads, payload_)) threads_done_ = thread_count;
   }
-  n = streams.size();
-  if (n > streams_done_) {
+  if (stream_count > streams_done_) {
     payload_.clear();
     put_varint(&payload_, streams_done_);
-    put_varint(&payload_, n - streams_done_);
-    for (size_t i = streams_done_; i < n; ++i) {
+    put_varint(&payload_, stream_count - streams_done_);
+    for (size_t i = streams_done_; i < stream_count; ++i) {
       put_varint(&payload_, zigzag(streams[static_cast<uint32_t>(i)].device));
       put_varint(&payload_, streams[static_cast<uint32_t>(i)].handle);
     }
-    if (write_chunk(kChunkStreams, payload_)) streams_done_ = n;
+    if (write_chunk(kChunkStreams, payload_)) streams_done_ = stream_count;
   }
 }
 

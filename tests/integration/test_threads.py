@@ -73,3 +73,35 @@ def test_concurrent_threads_lose_and_duplicate_nothing(tmp_path):
     assert native.sum() == 4 * per_thread
     assert not ev.stack[native].any()  # no Python frames on those threads
     assert len(np.unique(ev.thread[native])) == 4
+
+
+NEW_STACKS = r'''
+import sys, threading
+import torch, allocscope
+
+path = sys.argv[1]
+
+def worker(t):
+    # Thousands of never-seen stacks: strings, frames and nodes are interned
+    # while the writer thread writes the tables out.
+    for i in range(1500):
+        name = f"f_{t}_{i}"
+        scope = {"torch": torch}
+        exec(compile(f"def {name}():\n    return torch.empty({i % 7 + 1})\n", f"<gen {t} {i}>", "exec"), scope)
+        scope[name]()
+
+with allocscope.record(path, device="cpu"):
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+    for t in threads: t.start()
+    for t in threads: t.join()
+'''
+
+
+def test_tables_written_while_new_stacks_are_interned_stay_consistent(tmp_path):
+    path = tmp_path / "stacks.alsc"
+    result = run_python(NEW_STACKS, str(path), timeout=300)
+    assert result.returncode == 0, result.stderr
+    cap = allocscope.load(path)  # a table entry written before what it names would be corrupt
+    ev = cap.events
+    tops = {cap.stack(s)[0].filename for s in np.unique(ev.stack[ev.kind == EventKind.ALLOC]) if s}
+    assert sum(f.startswith("<gen ") for f in tops) == 4 * 1500
