@@ -81,12 +81,12 @@ void delete_boxed(void* ctx) {
 void on_trace(const TraceEntry& te) {
   CudaThreadState& tl = t_state;
   const uint64_t addr = te.addr_;
-  EmitScope scope;
-  if (!scope) return;
   RawEvent ev;
   ev.addr = addr;
   ev.size = te.size_;
-  ev.stream = stream_index(te.device_, reinterpret_cast<uintptr_t>(te.stream_));
+  // Decide before entering the recorder: most entries repeat what the
+  // wrapper's own call records (each allocation's ALLOC, each free's request
+  // and immediate completion).
   switch (te.action_) {
     case TraceEntry::ALLOC:
       if (tl.in_alloc > 0) return;  // the wrapper records it, with its stack
@@ -135,6 +135,9 @@ void on_trace(const TraceEntry& te) {
     default:  // annotations (2.14) and later additions
       return;
   }
+  EmitScope scope;
+  if (!scope) return;
+  ev.stream = stream_index(te.device_, reinterpret_cast<uintptr_t>(te.stream_));
   scope.push(ev);
 }
 
