@@ -78,7 +78,7 @@ def _extension():
                 "(cuda_runtime_api.h). Set CUDA_HOME to a CUDA toolkit, or set "
                 "ALLOCSCOPE_NO_CUDA=1 for a CPU-only build."
             )
-        sources += ["csrc/cuda_allocator.cpp", "csrc/testing/fake_cuda.cpp"]
+        sources += ["csrc/cuda_allocator.cpp", "csrc/cuda_baseline.cpp", "csrc/testing/fake_cuda.cpp"]
         include_dirs.append(cuda_include)
         libraries.append("c10_cuda")
         define_macros.append(("ALLOCSCOPE_WITH_CUDA", "1"))

@@ -10,7 +10,6 @@
 
 #include "adopt.h"
 #include "clock.h"
-#include "json.h"
 
 // Interface additions after 2.11, by the release whose headers show them.
 #define ALLOCSCOPE_TORCH_AT_LEAST(major, minor) \
@@ -384,11 +383,6 @@ c10::Allocator* g_registry_before = nullptr;
 uint8_t g_priority = 0;
 bool g_tracker_attached = false;
 
-void write_stat(JsonWriter& j, const char* name, const c10::CachingAllocator::StatArray& stat) {
-  const auto& s = stat[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
-  j.key(name).begin_object().field("current", s.current).field("peak", s.peak).end_object();
-}
-
 }  // namespace
 
 void set_environment(const Environment* env) {
@@ -442,82 +436,12 @@ bool tracker_attached() {
   return g_tracker_attached;
 }
 
-std::string wrapped_name() {
-  cca::CUDAAllocator* a = g_wrapper != nullptr ? g_wrapper->inner() : cca::allocator.load();
-  return a->name();
+c10::cuda::CUDACachingAllocator::CUDAAllocator* wrapped() {
+  return g_wrapper != nullptr ? g_wrapper->inner() : cca::allocator.load();
 }
 
-std::string baseline_json(const std::string& label, const std::vector<int>& devices) {
-  cca::CUDAAllocator* a = g_wrapper != nullptr ? g_wrapper->inner() : cca::allocator.load();
-  JsonWriter j;
-  j.begin_object();
-  j.field("label", label).field("device_type", std::string("cuda"));
-  j.field("seq", Recorder::get().next_seq()).field("monotonic_ns", now_ns());
-  j.field("allocator", a->name());
-  // Takes the device locks; its SNAPSHOT trace entry marks this point in the
-  // event stream.
-  cca::SnapshotInfo snap = a->snapshot({0, 0}, false);
-  j.key("segments").begin_array();
-  for (const auto& seg : snap.segments) {
-    j.begin_object();
-    j.field("device", int{seg.device}).field("address", uint64_t{seg.address});
-    j.field("total_size", uint64_t{seg.total_size}).field("requested_size", uint64_t{seg.requested_size});
-    j.field("allocated_size", uint64_t{seg.allocated_size}).field("active_size", uint64_t{seg.active_size});
-    j.field("stream", uint64_t{reinterpret_cast<uintptr_t>(seg.stream)});
-    j.field("is_large", seg.is_large).field("is_expandable", seg.is_expandable);
-    j.key("pool").begin_array().value(uint64_t{seg.owner_private_pool_id.first});
-    j.value(uint64_t{seg.owner_private_pool_id.second}).end_array();
-    // Blocks in address order: [size, requested_size, allocated, active].
-    j.key("blocks").begin_array();
-    for (const auto& b : seg.blocks) {
-      j.begin_array().value(uint64_t{b.size}).value(uint64_t{b.requested_size});
-      j.value(b.allocated).value(b.active).end_array();
-    }
-    j.end_array().end_object();
-  }
-  j.end_array();
-  const auto& c = snap.config_metadata;
-  j.key("config").begin_object();
-  j.field("garbage_collection_threshold", c.garbage_collection_threshold);
-  j.field("max_split_size", uint64_t{c.max_split_size});
-  j.field("expandable_segments", c.expandable_segments);
-  j.field("release_lock_on_malloc", c.release_lock_on_malloc);
-  j.field("graph_capture_record_stream_reuse", c.graph_capture_record_stream_reuse);
-  j.field("last_allocator_settings", c.last_allocator_settings);
-  j.key("roundup_power2_divisions").begin_array();
-  for (size_t d : c.roundup_power2_divisions) j.value(uint64_t{d});
-  j.end_array();
-  j.end_object();
-  j.key("devices").begin_array();
-  for (int device : devices) {
-    auto index = static_cast<c10::DeviceIndex>(device);
-    j.begin_object().field("index", device);
-    try {
-      auto [free, total] = a->getMemoryInfo(index);
-      j.field("free", uint64_t{free}).field("total", uint64_t{total}).field("used", uint64_t{total - free});
-    } catch (const c10::Error&) {
-    }
-    try {
-      j.field("memory_fraction", a->getMemoryFraction(index));
-    } catch (const c10::Error&) {
-    }
-    try {
-      DeviceStats stats = a->getDeviceStats(index);
-      j.key("stats").begin_object();
-      write_stat(j, "allocated_bytes", stats.allocated_bytes);
-      write_stat(j, "reserved_bytes", stats.reserved_bytes);
-      write_stat(j, "active_bytes", stats.active_bytes);
-      write_stat(j, "requested_bytes", stats.requested_bytes);
-      j.field("num_alloc_retries", stats.num_alloc_retries).field("num_ooms", stats.num_ooms);
-      j.field("num_device_alloc", stats.num_device_alloc).field("num_device_free", stats.num_device_free);
-      j.end_object();
-    } catch (const c10::Error&) {
-    }
-    j.end_object();
-  }
-  j.end_array();
-  j.end_object();
-  return j.str();
+std::string wrapped_name() {
+  return wrapped()->name();
 }
 
 }  // namespace allocscope::cuda

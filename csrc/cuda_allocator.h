@@ -9,6 +9,10 @@
 
 #include <c10/core/Device.h>
 
+namespace c10::cuda::CUDACachingAllocator {
+class CUDAAllocator;
+}
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -23,10 +27,12 @@ bool installed();
 // Whether the wrapped allocator accepted the trace tracker (the native caching
 // allocator does; other backends may not).
 bool tracker_attached();
+// The allocator the wrapper forwards to (the current one before any install).
+c10::cuda::CUDACachingAllocator::CUDAAllocator* wrapped();
 std::string wrapped_name();
 
 // The wrapped allocator's snapshot (segments and blocks), statistics, settings
-// and the devices' memory info, as a JSON object.
+// and the devices' memory info, as a JSON object (cuda_baseline.cpp).
 std::string baseline_json(const std::string& label, const std::vector<int>& devices);
 
 // Test seam: where the wrapper reads the current device and stream from. The
