@@ -42,9 +42,10 @@ def test_allocations_and_frees_are_recorded_once_with_their_stack(fake_cuda, tmp
     line = inspect.currentframe().f_lineno + 1
     a = fake_cuda.fake_allocate(3000)
     b = fake_cuda.fake_allocate(5000, release_gil=True)  # walked without the GIL
+    addr_a = a.ptr
     a.free()
     c = fake_cuda.fake_allocate(3000)  # reuses a's cached block: same address
-    addr_a, addr_c = a.ptr, c.ptr
+    addr_c = c.ptr
     del b, c
     rec.stop()
     cap = allocscope.load(rec.path)
