@@ -354,7 +354,10 @@ class _Decoder:
         elif kind == F.Chunk.BASELINE:
             c.baselines.append(F.parse_json_object(payload, "baseline"))
         elif kind == F.Chunk.FOOTER:
-            c.footer = F.parse_json_object(payload, "footer")
+            footer = F.parse_json_object(payload, "footer")
+            if not all(isinstance(footer.get(k, 0), int) for k in ("events", "dropped")):
+                raise FormatError("footer counts are not integers")
+            c.footer = footer
         # Unknown chunk types are skipped: a newer writer may add some without
         # breaking older readers (docs/format.md, "Compatibility").
 
@@ -366,12 +369,14 @@ class _Decoder:
     def _check_references(self, block: F.EventBlock) -> None:
         # Writers put every table entry before its first use, so a reference
         # beyond the tables read so far means a damaged or forged file.
+        # Before any table chunk, the reserved entries stand in (the root stack,
+        # the overflow thread, no-device and CPU streams).
         c = self.capture
-        if int(block.stack.max()) >= max(len(self.node_rows), 1):
+        if int(block.stack.max()) >= (len(self.node_rows) or 1):
             raise FormatError("event names a stack not yet defined")
-        if int(block.thread.max()) >= max(len(c.threads), 1):
+        if int(block.thread.max()) >= (len(c.threads) or 1):
             raise FormatError("event names a thread not yet defined")
-        if int(block.stream.max()) >= max(len(c.streams), 2):
+        if int(block.stream.max()) >= (len(c.streams) or 2):
             raise FormatError("event names a stream not yet defined")
 
     def _finish(self) -> None:
@@ -394,5 +399,5 @@ class _Decoder:
             via_allocator=(raw_kind & F.VIA_ALLOCATOR) != 0, thread=cat("thread"), stream=stream,
             device=stream_device[stream], addr=cat("addr"), size=cat("size"), block=cat("block"),
             stack=cat("stack"), arg=cat("arg"))
-        if c.footer is not None and int(c.footer.get("dropped", 0)):
+        if c.footer is not None and c.footer.get("dropped", 0):
             c.warnings.append(f"{c.footer['dropped']} events were lost to write errors while recording")

@@ -144,3 +144,15 @@ def _write(tmp_path, data: bytes) -> str:
     with open(path, "wb") as f:
         f.write(data)
     return path
+
+
+def test_forged_footer_and_short_stream_table_are_capture_errors(tmp_path):
+    data = _builder().to_bytes(footer=False)
+    bad_footer = data + F.chunk(F.Chunk.FOOTER, json.dumps({"dropped": "many"}).encode())
+    with pytest.raises(allocscope.CorruptCaptureError, match="footer"):
+        allocscope.load(_write(tmp_path, bad_footer))
+    b = CaptureBuilder()
+    b.streams = [(-2, 0)]  # only one of the two reserved entries
+    b.alloc(0x1000, 8)  # on stream 1, which this table lacks
+    with pytest.raises(allocscope.CorruptCaptureError, match="stream"):
+        allocscope.load(b.write(tmp_path / "s.alsc"))
