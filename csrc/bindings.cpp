@@ -96,6 +96,16 @@ PYBIND11_MODULE(_C, m) {
     kinds["SET_FRACTION"] = int{format::kSetFraction};
     kinds["SNAPSHOT"] = int{format::kSnapshot};
     kinds["MARK"] = int{format::kMark};
+    kinds["MODULE_ENTER"] = int{format::kModuleEnter};
+    kinds["MODULE_EXIT"] = int{format::kModuleExit};
+    kinds["PHASE"] = int{format::kPhase};
+    kinds["WATCH"] = int{format::kWatch};
+    kinds["PARAMETER"] = int{format::kParameter};
+    kinds["BUFFER"] = int{format::kBuffer};
+    kinds["GRADIENT"] = int{format::kGradient};
+    kinds["OPTIMIZER_STATE"] = int{format::kOptimizerState};
+    kinds["ACTIVATION"] = int{format::kActivation};
+    kinds["INPUT"] = int{format::kInput};
     d["kinds"] = kinds;
     py::dict chunks;
     chunks["METADATA"] = int{format::kChunkMetadata};

@@ -53,8 +53,18 @@ enum EventKind : uint8_t {
   kSetFraction = 10,    // setMemoryFraction; arg = fraction * 1e9
   kSnapshot = 11,       // the allocator took a snapshot (baselines point here)
   kMark = 16,           // arg = string id of the label, stack
-  // 17..63: annotation kinds (module scopes, tensor labels, phases); arg =
-  // string id, addr/size = payload. Readers keep unknown annotation kinds.
+  // 17..63: annotations written by allocscope.watch (python/allocscope/watcher.py);
+  // arg = string id, addr/size = payload. Readers keep unknown annotation kinds.
+  kModuleEnter = 17,    // arg = module name; addr bit 0 backward, bit 1 leaf
+  kModuleExit = 18,     // as kModuleEnter; size = bytes of a leaf's new outputs
+  kPhase = 19,          // arg = phase name; addr = optimizer steps completed
+  kWatch = 20,          // arg = JSON summary of a watched model and optimizer
+  kParameter = 21,      // tensor labels: arg = name, addr = storage pointer,
+  kBuffer = 22,         //   size = storage bytes
+  kGradient = 23,
+  kOptimizerState = 24,
+  kActivation = 25,     // arg = the module that saved it for backward
+  kInput = 26,
   kFirstAnnotation = 16,
   kLastAnnotation = 63,
 };

@@ -1,18 +1,12 @@
 """Test helpers: totals implied by a CUDA capture's baselines and events."""
 
 from allocscope import EventKind
+from allocscope.analysis.baseline import baseline_blocks as _baseline_blocks
 
 
 def baseline_blocks(baseline):
     """{address: (size, requested)} of allocated blocks in a CUDA baseline."""
-    out = {}
-    for seg in baseline["segments"]:
-        addr = seg["address"]
-        for size, requested, allocated, _active in seg["blocks"]:
-            if allocated:
-                out[addr] = (size, requested)
-            addr += size
-    return out
+    return {a: (size, req) for a, (size, req, _dev) in _baseline_blocks(baseline).items()}
 
 
 def replay_totals(cap, upto=None):

@@ -17,7 +17,8 @@ first use, and reading captures needs neither.
 """
 
 from ._format import EventKind
-from .capture import AllocscopeError, Recording, mark, record
+from .capture import AllocscopeError, Recording, mark, record, watch
+from .watcher import Watch
 from .reader import (
     Capture,
     CaptureError,
@@ -44,8 +45,10 @@ __all__ = [
     "Recording",
     "TruncatedCaptureWarning",
     "UnsupportedVersionError",
+    "Watch",
     "__version__",
     "load",
     "mark",
     "record",
+    "watch",
 ]

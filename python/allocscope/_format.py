@@ -55,6 +55,23 @@ class EventKind(enum.IntEnum):
     SET_FRACTION = 10
     SNAPSHOT = 11
     MARK = 16
+    # Annotations written by allocscope.watch (docs/format.md, docs/attribution.md)
+    MODULE_ENTER = 17
+    MODULE_EXIT = 18
+    PHASE = 19
+    WATCH = 20
+    PARAMETER = 21
+    BUFFER = 22
+    GRADIENT = 23
+    OPTIMIZER_STATE = 24
+    ACTIVATION = 25
+    INPUT = 26
+
+
+#: Tensor-label kinds, highest priority first: an allocation labelled twice
+#: (a parameter saved for backward) keeps the first category in this order.
+TENSOR_LABELS = (EventKind.PARAMETER, EventKind.BUFFER, EventKind.GRADIENT, EventKind.OPTIMIZER_STATE,
+                 EventKind.INPUT, EventKind.ACTIVATION)
 
 
 class Encoding(enum.IntEnum):

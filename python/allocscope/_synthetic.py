@@ -86,6 +86,10 @@ class CaptureBuilder:
     def mark(self, label: str, **kw: Any) -> int:
         return self.event(F.EventKind.MARK, arg=self.string(label), stream=F.NO_STREAM, **kw)
 
+    def annotate(self, kind: int, label: str, addr: int = 0, size: int = 0, **kw: Any) -> int:
+        """An annotation (kinds 17-63: module scopes, phases, tensor labels)."""
+        return self.event(kind, arg=self.string(label), addr=addr, size=size, stream=F.NO_STREAM, **kw)
+
     def baseline(self, baseline: dict) -> None:
         self.baselines.append(baseline)
 

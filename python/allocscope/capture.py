@@ -22,7 +22,7 @@ from typing import Any
 from ._format import EventKind
 from ._native import native
 
-__all__ = ["AllocscopeError", "Recording", "mark", "record"]
+__all__ = ["AllocscopeError", "Recording", "mark", "record", "watch"]
 
 STACK_MODES = ("python", "none")
 
@@ -87,6 +87,7 @@ class Recording:
         self.summary: dict[str, Any] | None = None
         self._running = False
         self._pid = 0  # the process that started it (a forked child must not stop it)
+        self._watches: list[Any] = []
 
     @property
     def active(self) -> bool:
@@ -145,6 +146,9 @@ class Recording:
                 _active = None
                 return {}
             C = native()
+            for w in self._watches:
+                w.remove()
+            self._watches.clear()
             baseline_error = None
             try:
                 self._baseline("end")
@@ -166,6 +170,20 @@ class Recording:
         """Writes a labelled event (with the caller's stack) into this recording."""
         if self._running:
             native().annotate(int(EventKind.MARK), str(label), 0, 0, True)
+
+    def watch(self, model: Any, optimizer: Any = None, *, name: str | None = None) -> Any:
+        """Annotates this recording with model's module scopes, phases and
+        tensor labels (parameters, buffers, gradients, saved activations,
+        inputs, and optimizer's state), so that the analysis can say what
+        each allocation is. Returns an allocscope.Watch; its hooks are
+        removed when the recording stops (or by its remove())."""
+        if not self._running:
+            raise AllocscopeError("this recording is not running; watch() inside the record() block")
+        from .watcher import Watch
+
+        w = Watch(model, optimizer, name=name)
+        self._watches.append(w)
+        return w
 
     def _uninstall(self, C: Any) -> None:
         if "cuda" in self.devices and C.built_with_cuda():
@@ -241,6 +259,16 @@ def mark(label: str) -> bool:
     if rec is None:
         return False
     return bool(native().annotate(int(EventKind.MARK), str(label), 0, 0, True))
+
+
+def watch(model: Any, optimizer: Any = None, *, name: str | None = None) -> Any:
+    """Recording.watch() on the active recording (the one `allocscope run`
+    started, for instance). Returns None, and does nothing, when no recording
+    is active, so a script can keep the call when run without allocscope."""
+    rec = _active
+    if rec is None:
+        return None
+    return rec.watch(model, optimizer, name=name)
 
 
 def _forget_in_child() -> None:

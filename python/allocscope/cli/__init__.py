@@ -10,9 +10,9 @@ import argparse
 import sys
 from typing import Sequence
 
-from . import dump, info, run
+from . import dump, info, report, run
 
-COMMANDS = [run, info, dump]
+COMMANDS = [run, info, dump, report]
 
 _USER_ERRORS: tuple[type[BaseException], ...] = (OSError, ValueError)
 

@@ -1,0 +1,358 @@
+"""Giving every allocation a meaning: category, module, phase, iteration.
+
+The rules are written down in docs/attribution.md; in short:
+
+1. Rows. Every allocation recorded while recording is a row, from its ALLOC
+   event to its FREE (or the end). Memory that already existed when recording
+   started is a row too, live from the start: on CUDA every allocated block of
+   the start baseline; anywhere, a tensor label naming an address no recorded
+   allocation covers (a model built before recording, on the CPU).
+2. Labels (PARAMETER ... INPUT annotations) attach to the row live at their
+   address when they were written. A row labelled more than once keeps the
+   highest-priority label (format.TENSOR_LABELS order: a parameter saved for
+   backward stays a parameter).
+3. Unlabelled rows get a category from their phase (PHASE annotations): made
+   outside any watched phase or before recording -> other; freed before their
+   phase ended -> temporary; made in forward and freed in backward (kept
+   alive by the autograd graph) -> activation; the rest -> unknown.
+4. Module: a labelled row's from its label (the parameter's module, the module
+   that saved the activation); others the innermost module scope open on the
+   allocating thread (forward scopes nest; backward scopes close when their
+   inputs' gradients are ready, or when the phase ends).
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import json
+from typing import Any
+
+import numpy as np
+
+from .._format import TENSOR_LABELS, EventKind
+from ..reader import Capture
+from .baseline import baseline_blocks
+from .lifetimes import lifetimes
+from .rounding import round_size
+
+__all__ = ["CATEGORIES", "PHASES", "Attribution", "attribute"]
+
+CATEGORIES = ("parameter", "buffer", "gradient", "optimizer_state", "activation", "input",
+              "temporary", "workspace", "other", "unknown")
+PHASES = ("none", "forward", "backward", "optimizer", "other")
+
+_CAT = {name: i for i, name in enumerate(CATEGORIES)}
+_LABEL_CATEGORY = {EventKind.PARAMETER: "parameter", EventKind.BUFFER: "buffer", EventKind.GRADIENT: "gradient",
+                   EventKind.OPTIMIZER_STATE: "optimizer_state", EventKind.INPUT: "input",
+                   EventKind.ACTIVATION: "activation"}
+_PRIORITY = {int(k): i for i, k in enumerate(TENSOR_LABELS)}
+_MODULE_KINDS = (EventKind.MODULE_ENTER, EventKind.MODULE_EXIT)
+_BACKWARD_FLAG = 1
+_LEAF_FLAG = 2
+
+
+@dataclasses.dataclass
+class Attribution:
+    """Rows (allocations) with their meaning, and the capture's watch
+    annotations.
+
+    Row i is live after event e when start[i] <= e < end[i]; start is -1 for
+    memory that existed before recording, end is len(events) for memory still
+    live at the end. size: requested bytes; rounded: the allocator's block
+    size (CUDA: from the baseline, or estimated by round_size).
+    """
+
+    capture: Capture
+    n_events: int
+    addr: np.ndarray
+    size: np.ndarray
+    rounded: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    stack: np.ndarray
+    thread: np.ndarray
+    device: np.ndarray
+    category: np.ndarray  # index into CATEGORIES
+    module: np.ndarray  # index into names, -1 for none
+    label: np.ndarray  # index into names: the tensor's name, -1 for none
+    phase: np.ndarray  # index into PHASES
+    iteration: np.ndarray  # optimizer steps completed when it was allocated
+    names: list[str]
+    phase_starts: np.ndarray  # event index of each PHASE annotation
+    phase_names: list[str]
+    phase_iterations: np.ndarray
+    watches: list[dict[str, Any]]
+    device_type: str
+    warnings: list[str]
+
+    @property
+    def rows(self) -> int:
+        return len(self.addr)
+
+    def live(self, event_index: int) -> np.ndarray:
+        """Boolean mask of rows live after event `event_index` (-1: at the start)."""
+        return (self.start <= event_index) & (self.end > event_index)
+
+    def name(self, index: int) -> str:
+        return self.names[index] if index >= 0 else ""
+
+    def leaf_outputs(self) -> list[tuple[int, int, int]]:
+        """(first event, last event, bytes) of each forward phase: the bytes
+        of new outputs of leaf modules (the textbook's "layer outputs")."""
+        ev = self.capture.events
+        idx = np.flatnonzero((ev.kind == EventKind.MODULE_EXIT) & (ev.addr == _LEAF_FLAG))
+        out = []
+        for k, (s, name) in enumerate(zip(self.phase_starts, self.phase_names)):
+            if name != "forward":
+                continue
+            e = self.phase_starts[k + 1] if k + 1 < len(self.phase_starts) else self.n_events
+            inside = idx[(idx > s) & (idx < e)]
+            out.append((int(s), int(e), int(ev.size[inside].sum())))
+        return out
+
+
+class _Names:
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self._ids: dict[str, int] = {}
+
+    def __call__(self, name: str) -> int:
+        i = self._ids.get(name)
+        if i is None:
+            i = self._ids[name] = len(self.names)
+            self.names.append(name)
+        return i
+
+
+def _label_module(kind: int, name: str) -> str:
+    """The module a tensor label belongs to: `GPT.h.0.attn.weight` -> `GPT.h.0.attn`."""
+    if kind == EventKind.ACTIVATION:
+        return name
+    if kind == EventKind.OPTIMIZER_STATE:
+        name = name.rsplit("/", 1)[0]
+    if kind == EventKind.INPUT:
+        return name.split(".input", 1)[0]
+    return name.rsplit(".", 1)[0] if "." in name else name
+
+
+def attribute(cap: Capture) -> Attribution:
+    """Attributes every allocation of a capture (see the module docstring)."""
+    ev = cap.events
+    n = len(ev)
+    warnings: list[str] = []
+    device_type = "cuda" if "cuda" in cap.metadata.get("devices_recorded", []) else "cpu"
+    lt = lifetimes(ev)
+
+    # ---- rows: recorded allocations, then memory from before recording
+    addr = [ev.addr[lt.alloc].astype(np.uint64)]
+    size = [ev.size[lt.alloc].astype(np.int64)]
+    start = [lt.alloc.astype(np.int64)]
+    end = [np.where(lt.free >= 0, lt.free, n).astype(np.int64)]
+    stack = [ev.stack[lt.alloc].astype(np.int64)]
+    thread = [ev.thread[lt.alloc].astype(np.int64)]
+    device = [ev.device[lt.alloc].astype(np.int64)]
+    block = ev.block[lt.alloc].astype(np.int64)
+    rounded = [block]
+
+    first_unmatched: dict[int, list[int]] = {}
+    for i in lt.unmatched_frees.tolist():
+        first_unmatched.setdefault(int(ev.addr[i]), []).append(i)
+
+    def free_after(a: int, index: int) -> int:
+        frees = first_unmatched.get(a, ())
+        k = bisect.bisect_right(frees, index)
+        return frees[k] if k < len(frees) else n
+
+    base = cap.baseline("start") if device_type == "cuda" else None
+    if base is not None and base.get("segments") is not None:
+        blocks = baseline_blocks(base)
+        pre = sorted(blocks.items())
+        addr.append(np.array([a for a, _ in pre], np.uint64))
+        size.append(np.array([r for _, (_, r, _) in pre], np.int64))
+        rounded.append(np.array([b for _, (b, _, _) in pre], np.int64))
+        start.append(np.full(len(pre), -1, np.int64))
+        end.append(np.array([free_after(a, -1) for a, _ in pre], np.int64))
+        stack.append(np.zeros(len(pre), np.int64))
+        thread.append(np.zeros(len(pre), np.int64))
+        device.append(np.array([d for _, (_, _, d) in pre], np.int64))
+
+    kind = ev.kind
+    label_idx = np.flatnonzero(np.isin(kind, [int(k) for k in TENSOR_LABELS]))
+    label_addrs = {int(a) for a in ev.addr[label_idx].tolist()}
+
+    def cat(parts: list[np.ndarray]) -> np.ndarray:
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+    A, S, ST, EN = cat(addr), cat(size), cat(start), cat(end)
+    # Rows at labelled addresses, by address, in start order, for the label join.
+    by_addr: dict[int, list[tuple[int, int, int]]] = {}
+    for r in np.flatnonzero(np.isin(A, np.fromiter(label_addrs, np.uint64, len(label_addrs)))).tolist():
+        by_addr.setdefault(int(A[r]), []).append((int(ST[r]), int(EN[r]), r))
+    for rows in by_addr.values():
+        rows.sort()
+
+    def live_row(a: int, index: int) -> int:
+        for s, e, r in reversed(by_addr.get(a, ())):
+            if s <= index:
+                return r if e > index else -1
+        return -1
+
+    extra: list[tuple[int, int, int]] = []  # (addr, size, end) of labelled memory from before recording
+    label_rows = np.full(len(label_idx), -1, np.int64)
+    unmatched_labels = 0
+    for j, i in enumerate(label_idx.tolist()):
+        a = int(ev.addr[i])
+        r = live_row(a, i)
+        if r < 0:
+            rows = by_addr.get(a, [])
+            if not rows or rows[0][0] > i:  # nothing recorded there yet: it predates recording
+                r = len(A) + len(extra)
+                e = free_after(a, i)
+                extra.append((a, int(ev.size[i]), e))
+                by_addr.setdefault(a, []).insert(0, (-1, e, r))
+            else:
+                unmatched_labels += 1
+                continue
+        label_rows[j] = r
+    if unmatched_labels:
+        warnings.append(f"{unmatched_labels} tensor labels name no live allocation (memory from outside "
+                        "the recorded allocators, or events lost)")
+    if extra:
+        addr.append(np.array([a for a, _, _ in extra], np.uint64))
+        size.append(np.array([s for _, s, _ in extra], np.int64))
+        rounded.append(np.zeros(len(extra), np.int64))
+        start.append(np.full(len(extra), -1, np.int64))
+        end.append(np.array([e for _, _, e in extra], np.int64))
+        for parts in (stack, thread):
+            parts.append(np.zeros(len(extra), np.int64))
+        device.append(np.full(len(extra), -1 if device_type == "cpu" else 0, np.int64))
+    A, S, ST, EN = cat(addr), cat(size), cat(start), cat(end)
+    R = cat(rounded)
+    STK, TH, DEV = cat(stack), cat(thread), cat(device)
+    rows = len(A)
+
+    names = _Names()
+    strings = cap.strings
+
+    def string(i: int) -> str:
+        sid = int(ev.arg[i])
+        return strings[sid] if sid < len(strings) else "?"
+
+    # ---- labels: category and name by priority
+    category = np.full(rows, -1, np.int64)
+    label = np.full(rows, -1, np.int64)
+    module = np.full(rows, -1, np.int64)
+    best = np.full(rows, len(TENSOR_LABELS), np.int64)
+    for j, i in enumerate(label_idx.tolist()):
+        r = int(label_rows[j])
+        if r < 0:
+            continue
+        k = int(kind[i])
+        p = _PRIORITY[k]
+        if p < best[r]:
+            best[r] = p
+            text = string(i)
+            category[r] = _CAT[_LABEL_CATEGORY[EventKind(k)]]
+            label[r] = names(text) if k != EventKind.ACTIVATION else -1
+            module[r] = names(_label_module(k, text))
+
+    # ---- phases
+    p_idx = np.flatnonzero(kind == EventKind.PHASE)
+    phase_names = [string(i) for i in p_idx.tolist()]
+    phase_code = np.array([PHASES.index(p) if p in PHASES else 0 for p in phase_names], np.int64)
+    p_iter = ev.addr[p_idx].astype(np.int64)
+    p_end = np.append(p_idx[1:], n)
+    inst = np.searchsorted(p_idx, ST, side="right") - 1  # phase instance of each allocation
+    has_phase = inst >= 0
+    phase = np.where(has_phase, phase_code[np.maximum(inst, 0)] if len(p_idx) else 0, 0)
+    iteration = np.where(has_phase, p_iter[np.maximum(inst, 0)] if len(p_idx) else 0, 0)
+    freed_in_phase = has_phase & (EN < np.where(has_phase, p_end[np.maximum(inst, 0)] if len(p_idx) else n, n))
+    free_inst = np.searchsorted(p_idx, EN, side="right") - 1
+    freed_in_backward = (EN < n) & (free_inst >= 0) & (
+        (phase_code[np.maximum(free_inst, 0)] if len(p_idx) else 0) == PHASES.index("backward"))
+
+    unlabelled = category < 0
+    rule = np.full(rows, _CAT["unknown"], np.int64)
+    rule[(phase == PHASES.index("forward")) & freed_in_backward & ~freed_in_phase] = _CAT["activation"]
+    rule[freed_in_phase] = _CAT["temporary"]
+    rule[(phase == 0) | (phase == PHASES.index("other")) | (ST < 0)] = _CAT["other"]
+    category[unlabelled] = rule[unlabelled]
+
+    # ---- modules of unlabelled rows: the scope open on the allocating thread
+    _module_scopes(cap, names, p_idx, ST, TH, module, unlabelled)
+
+    watches = []
+    for i in np.flatnonzero(kind == EventKind.WATCH).tolist():
+        try:
+            watches.append(json.loads(string(i)))
+        except ValueError:
+            warnings.append(f"event {i}: a WATCH annotation that is not JSON")
+
+    if device_type == "cuda":
+        divisions = (base or {}).get("config", {}).get("roundup_power2_divisions", ())
+        unknown = R <= 0
+        R[unknown] = round_size(S[unknown], divisions)
+    else:
+        R = np.where(R > 0, R, S)
+
+    return Attribution(
+        capture=cap, n_events=n, addr=A, size=S, rounded=R, start=ST, end=EN, stack=STK, thread=TH, device=DEV,
+        category=category, module=module, label=label, phase=phase, iteration=iteration, names=names.names,
+        phase_starts=p_idx, phase_names=phase_names, phase_iterations=p_iter, watches=watches,
+        device_type=device_type, warnings=warnings)
+
+
+def _module_scopes(cap: Capture, names: _Names, p_idx: np.ndarray, start: np.ndarray, thread: np.ndarray,
+                   module: np.ndarray, which: np.ndarray) -> None:
+    """Fills module[r] for rows `which` with the innermost module scope open
+    on their thread when they were allocated."""
+    ev = cap.events
+    idx = np.flatnonzero(np.isin(ev.kind, [int(k) for k in _MODULE_KINDS]) | (ev.kind == EventKind.PHASE))
+    if not len(idx):
+        return
+    open_by_thread: dict[int, list[tuple[int, bool]]] = {}
+    changes: dict[int, tuple[list[int], list[int]]] = {}  # thread -> (event indices, current module)
+    strings = cap.strings
+    kinds = ev.kind[idx].tolist()
+    threads = ev.thread[idx].tolist()
+    flags = ev.addr[idx].tolist()
+    args = ev.arg[idx].tolist()
+    for i, k, t, f, a in zip(idx.tolist(), kinds, threads, flags, args):
+        if k == EventKind.PHASE:
+            # Backward scopes whose inputs needed no gradient never close: a
+            # phase change closes them all.
+            for th, scopes in open_by_thread.items():
+                kept = [s for s in scopes if not s[1]]
+                if len(kept) != len(scopes):
+                    open_by_thread[th] = kept
+                    _note(changes, th, i, kept)
+            continue
+        name = names(strings[a] if a < len(strings) else "?")
+        backward = bool(f & _BACKWARD_FLAG)
+        scopes = open_by_thread.setdefault(t, [])
+        if k == EventKind.MODULE_ENTER:
+            scopes.append((name, backward))
+        else:
+            for j in range(len(scopes) - 1, -1, -1):
+                if scopes[j] == (name, backward):
+                    del scopes[j]
+                    break
+            else:
+                continue
+        _note(changes, t, i, scopes)
+    rows = np.flatnonzero(which & (start >= 0))
+    for t, (at, current) in changes.items():
+        mine = rows[thread[rows] == t]
+        if not len(mine):
+            continue
+        pos = np.searchsorted(np.array(at), start[mine], side="right") - 1
+        cur = np.array(current)[np.maximum(pos, 0)]
+        module[mine] = np.where(pos >= 0, cur, -1)
+
+
+def _note(changes: dict[int, tuple[list[int], list[int]]], thread: int, index: int,
+          scopes: list[tuple[int, bool]]) -> None:
+    at, current = changes.setdefault(thread, ([], []))
+    at.append(index)
+    current.append(scopes[-1][0] if scopes else -1)

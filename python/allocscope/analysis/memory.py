@@ -1,0 +1,215 @@
+"""Live memory over time from an Attribution: timelines, peaks, breakdowns at
+any moment, iterations and leaks, allocation sites.
+
+Positions: `e` is an event index; "after event e" includes its effect, and
+e = -1 is the moment recording started.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+import numpy as np
+
+from .._format import EventKind
+from .attribution import CATEGORIES, Attribution
+from .baseline import baseline_reserved
+
+__all__ = ["Moment", "Timeline", "iterations", "moment", "sites", "timeline", "user_frame"]
+
+_PERSISTENT = {"parameter", "buffer", "gradient", "optimizer_state"}
+_LIBRARY = re.compile(r"^<frozen |[/\\](torch|allocscope)[/\\]")
+
+
+@dataclasses.dataclass
+class Timeline:
+    """Bytes live after each event (index e + 1; index 0 is the start)."""
+
+    requested: np.ndarray
+    allocated: np.ndarray  # rounded to the allocator's blocks
+    reserved: np.ndarray | None  # CUDA: bytes the caching allocator holds
+
+    def peak(self, which: str = "allocated") -> int:
+        """Event index (-1: the start) where `which` first reaches its maximum."""
+        series = getattr(self, which)
+        return int(np.argmax(series)) - 1
+
+
+def _live_series(att: Attribution, values: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+    n = att.n_events
+    rows = np.arange(att.rows) if rows is None else rows
+    delta = np.zeros(n + 1, np.int64)
+    start, end, v = att.start[rows], att.end[rows], values[rows]
+    delta[0] = v[start < 0].sum()
+    recorded = start >= 0
+    np.add.at(delta, start[recorded] + 1, v[recorded])
+    freed = end < n
+    np.add.at(delta, end[freed] + 1, -v[freed])
+    return np.cumsum(delta)
+
+
+def timeline(att: Attribution) -> Timeline:
+    reserved = None
+    cap = att.capture
+    if att.device_type == "cuda":
+        ev = cap.events
+        base = cap.baseline("start")
+        delta = np.zeros(att.n_events + 1, np.int64)
+        delta[0] = baseline_reserved(base) if base else 0
+        sign = np.zeros(len(ev), np.int64)
+        sign[(ev.kind == EventKind.SEGMENT_ALLOC) | (ev.kind == EventKind.SEGMENT_MAP)] = 1
+        sign[(ev.kind == EventKind.SEGMENT_FREE) | (ev.kind == EventKind.SEGMENT_UNMAP)] = -1
+        delta[1:] = sign * ev.size.astype(np.int64)
+        reserved = np.cumsum(delta)
+    return Timeline(_live_series(att, att.size), _live_series(att, att.rounded), reserved)
+
+
+def user_frame(cap: Any, stack_id: int) -> tuple[str, str, int] | None:
+    """(file, function, line) of the innermost frame of a stack outside torch
+    and allocscope (the user's line), else the innermost frame."""
+    frames = cap.stack(stack_id)
+    for f in frames:
+        if not _LIBRARY.search(f.filename):
+            return f.filename, f.function, f.line
+    return (frames[0].filename, frames[0].function, frames[0].line) if frames else None
+
+
+def _site_names(att: Attribution, rows: np.ndarray) -> dict[int, str]:
+    out = {}
+    for s in np.unique(att.stack[rows]).tolist():
+        f = user_frame(att.capture, s) if s else None
+        out[s] = f"{f[0]}:{f[2]} ({f[1]})" if f else "<no stack>"
+    return out
+
+
+@dataclasses.dataclass
+class Moment:
+    """Live memory at one moment, broken down."""
+
+    event: int
+    time_ns: int
+    requested_bytes: int
+    allocated_bytes: int
+    reserved_bytes: int | None
+    by_category: dict[str, int]
+    by_module: dict[str, int]
+    top: list[dict[str, Any]]
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _relative_time(att: Attribution, e: int) -> int:
+    ev = att.capture.events
+    if not len(ev):
+        return 0
+    t0 = int(att.capture.metadata.get("start_monotonic_ns") or ev.time_ns[0])
+    return max(0, int(ev.time_ns[max(e, 0)]) - t0) if e >= 0 else 0
+
+
+def moment(att: Attribution, e: int, tl: Timeline | None = None, top: int = 20) -> Moment:
+    """The breakdown of memory live after event e (by requested bytes)."""
+    live = np.flatnonzero(att.live(e))
+    size = att.size[live]
+    by_category = {c: 0 for c in CATEGORIES}
+    sums = np.bincount(att.category[live], weights=size, minlength=len(CATEGORIES))
+    for i, c in enumerate(CATEGORIES):
+        by_category[c] = int(sums[i])
+    by_module: dict[str, int] = {}
+    mod_sums = np.bincount(att.module[live] + 1, weights=size)
+    for m in np.flatnonzero(mod_sums).tolist():
+        by_module[att.name(m - 1) or "<no module>"] = int(mod_sums[m])
+    by_module = dict(sorted(by_module.items(), key=lambda kv: -kv[1]))
+    site = _site_names(att, live)
+    groups: dict[tuple[str, str, str], list[int]] = {}
+    for r, b in zip(live.tolist(), size.tolist()):
+        key = (CATEGORIES[att.category[r]], att.name(int(att.module[r])), site[int(att.stack[r])])
+        g = groups.setdefault(key, [0, 0])
+        g[0] += b
+        g[1] += 1
+    rows = sorted(groups.items(), key=lambda kv: -kv[1][0])[:top]
+    tl = tl or timeline(att)
+    return Moment(
+        event=e, time_ns=_relative_time(att, e),
+        requested_bytes=int(size.sum()), allocated_bytes=int(att.rounded[live].sum()),
+        reserved_bytes=int(tl.reserved[e + 1]) if tl.reserved is not None else None,
+        by_category=by_category, by_module=by_module,
+        top=[{"category": c, "module": m, "site": s, "bytes": b, "count": k} for (c, m, s), (b, k) in rows])
+
+
+def iterations(att: Attribution, tl: Timeline) -> list[dict[str, Any]]:
+    """Per optimizer step: its peak, growth, and the memory it allocated that
+    was never freed. Leaked: such memory outside parameters, buffers,
+    gradients and optimizer state, from an iteration followed by another
+    complete one (what the last step leaves in the script's variables is not
+    a leak; what every step leaves is)."""
+    if not len(att.phase_starts):
+        return []
+    n = att.n_events
+    its = att.phase_iterations
+    firsts = sorted({int(k): int(att.phase_starts[np.flatnonzero(its == k)[0]]) for k in np.unique(its)}.items())
+    out = []
+    for j, (k, s) in enumerate(firsts):
+        e = firsts[j + 1][1] if j + 1 < len(firsts) else n
+        window = tl.allocated[s + 1:e + 1]
+        p = s + int(np.argmax(window)) if len(window) else s
+        mine = (att.start >= s) & (att.start < e)
+        retained = mine & (att.end >= n)
+        persistent = np.isin(att.category, [CATEGORIES.index(c) for c in _PERSISTENT])
+        # firsts[-1] is the tail after the last optimizer step, firsts[-2] the last complete iteration
+        leaked = retained & ~persistent if j + 2 < len(firsts) else np.zeros_like(retained)
+        out.append({
+            "iteration": k, "first_event": s, "last_event": e - 1,
+            "start_ns": _relative_time(att, s), "end_ns": _relative_time(att, e - 1),
+            "peak_allocated_bytes": int(tl.allocated[p + 1]), "peak_time_ns": _relative_time(att, p),
+            "allocated_at_start_bytes": int(tl.allocated[s]), "allocated_at_end_bytes": int(tl.allocated[e]),
+            "growth_bytes": int(tl.allocated[e] - tl.allocated[s]),
+            "retained_bytes": int(att.size[retained].sum()), "leaked_bytes": int(att.size[leaked].sum()),
+        })
+    return out
+
+
+def sites(att: Attribution, at: int, top: int = 20) -> list[dict[str, Any]]:
+    """Allocation sites (the user's source line) by bytes live at event `at`,
+    then by bytes allocated over the whole capture."""
+    recorded = np.flatnonzero(att.start >= 0)
+    if not len(recorded):
+        return []
+    names = _site_names(att, recorded)
+    live = att.live(at)
+    table: dict[str, list[int]] = {}
+    for r in recorded.tolist():
+        g = table.setdefault(names[int(att.stack[r])], [0, 0, 0])
+        g[0] += int(att.size[r])
+        g[1] += 1
+        if live[r]:
+            g[2] += int(att.size[r])
+    rows = sorted(table.items(), key=lambda kv: (-kv[1][2], -kv[1][0]))[:top]
+    return [{"site": s, "allocations": k, "allocated_bytes": b, "live_bytes": lb} for s, (b, k, lb) in rows]
+
+
+def category_timeline(att: Attribution, tl: Timeline, points: int = 256) -> dict[str, Any]:
+    """Bytes live per category at up to `points` moments: in each of
+    `points` equal slices of the events, the moment allocated memory is
+    highest (so no peak is smoothed away)."""
+    n = att.n_events
+    edges = np.linspace(0, n + 1, min(points, n + 1) + 1).astype(np.int64)
+    picks = []
+    for a, b in zip(edges[:-1], edges[1:]):
+        if b > a:
+            picks.append(a + int(np.argmax(tl.allocated[a:b])))
+    picks_arr = np.array(picks, np.int64)  # positions: event index + 1
+    out: dict[str, Any] = {"event": (picks_arr - 1).tolist(),
+                           "time_ns": [_relative_time(att, int(p) - 1) for p in picks_arr],
+                           "allocated_bytes": tl.allocated[picks_arr].tolist()}
+    if tl.reserved is not None:
+        out["reserved_bytes"] = tl.reserved[picks_arr].tolist()
+    by_category = {}
+    for i, c in enumerate(CATEGORIES):
+        rows = np.flatnonzero(att.category == i)
+        if len(rows):
+            by_category[c] = _live_series(att, att.size, rows)[picks_arr].tolist()
+    out["by_category"] = by_category
+    return out

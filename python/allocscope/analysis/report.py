@@ -1,0 +1,71 @@
+"""The report: everything `allocscope report` prints, as one JSON-ready dict.
+Its schema is versioned (SCHEMA) and written down in docs/report.md."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .._format import EventKind
+from ..reader import Capture
+from .attribution import Attribution, attribute
+from .memory import Timeline, category_timeline, iterations, moment, sites, timeline
+from .theory import theory, waterfall
+
+__all__ = ["SCHEMA", "MarkNotFound", "build_report", "find_mark"]
+
+SCHEMA = "allocscope.report/1"
+
+
+class MarkNotFound(LookupError):
+    """--at names a mark the capture does not have."""
+
+
+def find_mark(cap: Capture, label: str) -> int:
+    """Event index of the first MARK with this label."""
+    ev = cap.events
+    for i in np.flatnonzero(ev.kind == EventKind.MARK).tolist():
+        if cap.label(i) == label:
+            return int(i)
+    marks = sorted({cap.label(i) for i in np.flatnonzero(ev.kind == EventKind.MARK).tolist()})
+    known = ", ".join(repr(m) for m in marks[:10]) or "none"
+    raise MarkNotFound(f"no mark labelled {label!r} in {cap.path} (marks: {known})")
+
+
+def _section(att: Attribution, tl: Timeline, e: int, top: int) -> dict[str, Any]:
+    m = moment(att, e, tl, top)
+    th = theory(att, e)
+    gap, measured = waterfall(att, m, th, tl)
+    return {"moment": m.to_json(), "theory": th, "gap": gap, "measured": measured}
+
+
+def build_report(cap: Capture, *, at: str | None = None, top: int = 20) -> dict[str, Any]:
+    """The report of a capture: the peak (or the first mark `at`) explained."""
+    att = attribute(cap)
+    tl = timeline(att)
+    peak = tl.peak("allocated")
+    out: dict[str, Any] = {
+        "schema": SCHEMA,
+        "capture": {
+            "path": cap.path, "complete": cap.complete, "events": len(cap.events),
+            "device_type": att.device_type, "torch": cap.metadata.get("torch"),
+            "duration_ns": cap.duration_ns, "watched": [w.get("name") for w in att.watches],
+        },
+        "units": "bytes",
+    }
+    focus = peak if at is None else find_mark(cap, at)
+    main = _section(att, tl, focus, top)
+    out["peak"] = _section(att, tl, peak, top)["moment"] if at is not None else main["moment"]
+    if at is not None:
+        out["at"] = main["moment"] | {"label": at}
+    if tl.reserved is not None:
+        out["peak_reserved"] = moment(att, tl.peak("reserved"), tl, top).to_json()
+    out["theory"] = main["theory"]
+    out["gap"] = main["gap"]
+    out["measured"] = main["measured"]
+    out["iterations"] = iterations(att, tl)
+    out["sites"] = sites(att, focus, top)
+    out["timeline"] = category_timeline(att, tl)
+    out["warnings"] = list(cap.warnings) + att.warnings
+    return out

@@ -1,0 +1,151 @@
+"""The textbook estimate (../shared/theory.md) for a watched model, and the
+waterfall of measured line items that takes it to what was measured.
+
+Theory, for the moment analysed:
+  parameters           bytes of the watched models' parameters
+  gradients            the trainable parameters again, when the capture trains
+                       (has a backward phase)
+  optimizer_state      k x trainable bytes: SGD 0, SGD with momentum 1,
+                       Adam/AdamW 2 (3 with amsgrad), ...
+  activations          the sum of leaf modules' new outputs in the forward
+                       pass that the moment belongs to (the last one begun)
+  activation_gradients as much again, when training ("backward doubles")
+  inputs               the inputs of that forward pass
+
+Waterfall: one item per category (measured requested bytes minus the theory
+figure it corresponds to; categories the estimate ignores count in full),
+then allocator rounding (blocks minus requests), cached free memory (reserved
+minus allocated) and memory outside PyTorch's allocator (device used minus
+reserved). The items sum exactly from theory["total"] to the measured total;
+waterfall() checks that and raises ConservationError if not.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .._format import EventKind
+from .attribution import Attribution
+from .baseline import outside_allocator
+from .memory import Moment, Timeline
+
+__all__ = ["ConservationError", "theory", "waterfall"]
+
+# (category, the theory figure it is compared with, what the difference usually is)
+_LINES = (
+    ("parameter", "parameters", "parameters", "storage shared by tied weights counted once"),
+    ("buffer", "buffers", None, "buffers (BatchNorm running statistics, ...) are not parameters in the estimate"),
+    ("gradient", "gradients", "gradients", "gradients live only from backward until zero_grad"),
+    ("optimizer_state", "optimizer_state", "optimizer_state",
+     "optimizer state exists only after the first step; step counters and other extras"),
+    ("activation", "activations", "activations",
+     "autograd saves inputs, masks and indices, not only layer outputs; checkpointing saves less"),
+    ("input", "inputs", "inputs", "the batch and its copies"),
+    ("temporary", "temporaries", "activation_gradients",
+     "intermediates freed within their phase, in place of the estimate's activation gradients"),
+    ("workspace", "workspaces", None, "library workspaces (cuBLAS), not in the estimate"),
+    ("other", "other", None, "allocated outside watched phases, or before recording"),
+    ("unknown", "unknown", None, "allocations no rule explains"),
+)
+
+
+class ConservationError(AssertionError):
+    """The waterfall does not add up: a bug in the analysis."""
+
+
+def _forward_at(att: Attribution, e: int) -> tuple[int, int] | None:
+    """(first, end) event indices of the forward phase moment e belongs to:
+    the last forward begun at or before e, else the first one."""
+    forwards = att.leaf_outputs()
+    if not forwards:
+        return None
+    begun = [f for f in forwards if f[0] <= e]
+    f = begun[-1] if begun else forwards[0]
+    return f[0], f[1]
+
+
+def theory(att: Attribution, e: int) -> dict[str, Any]:
+    """The estimate for the moment after event e (bytes; see module docstring)."""
+    training = "backward" in att.phase_names
+    notes: list[str] = []
+    parameters = sum(int(w.get("parameters", 0)) for w in att.watches)
+    trainable = sum(int(w.get("trainable", 0)) for w in att.watches)
+    optimizer_state = 0
+    optimizers = []
+    for w in att.watches:
+        opt = w.get("optimizer")
+        if not opt:
+            continue
+        optimizers.append(opt.get("type"))
+        k = opt.get("state_per_parameter")
+        if k is None:
+            notes.append(f"{opt.get('type')}: no textbook rule for its state; counted as 0")
+        else:
+            optimizer_state += int(round(k * int(w.get("trainable", 0))))
+    activations = inputs = 0
+    span = _forward_at(att, e)
+    if span is not None:
+        activations = next(b for s, _, b in att.leaf_outputs() if s == span[0])
+        ev = att.capture.events
+        idx = np.flatnonzero(ev.kind == EventKind.INPUT)
+        idx = idx[(idx >= span[0]) & (idx < span[1])]
+        seen: dict[int, int] = {}
+        for a, s in zip(ev.addr[idx].tolist(), ev.size[idx].tolist()):
+            seen[a] = s
+        inputs = sum(seen.values())
+    if not att.watches:
+        notes.append("no model was watched (allocscope.watch): the estimate is empty")
+    out = {
+        "parameters": parameters,
+        "gradients": trainable if training else 0,
+        "optimizer_state": optimizer_state if training else 0,
+        "activations": activations,
+        "activation_gradients": activations if training else 0,
+        "inputs": inputs,
+        "training": training,
+        "optimizers": optimizers,
+        "notes": notes,
+    }
+    out["total"] = sum(out[k] for k in ("parameters", "gradients", "optimizer_state", "activations",
+                                        "activation_gradients", "inputs"))
+    return out
+
+
+def waterfall(att: Attribution, m: Moment, th: dict[str, Any], tl: Timeline) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(items, measured): items take th["total"] to measured["total_bytes"]."""
+    items = []
+    for category, item, figure, detail in _LINES:
+        t = int(th[figure]) if figure else 0
+        items.append({"item": item, "bytes": m.by_category[category] - t, "measured_bytes": m.by_category[category],
+                      "theory_bytes": t, "detail": detail})
+    items.append({"item": "allocator_rounding", "bytes": m.allocated_bytes - m.requested_bytes,
+                  "detail": "blocks are whole multiples of 512 B (CUDA) above the requested sizes"})
+    pos = m.event + 1
+    measured: dict[str, Any] = {"allocated_bytes": int(tl.allocated[pos]), "requested_bytes": int(tl.requested[pos])}
+    basis = "allocated"
+    total = int(tl.allocated[pos])
+    if tl.reserved is not None:
+        reserved = int(tl.reserved[pos])
+        items.append({"item": "cached_free", "bytes": reserved - m.allocated_bytes,
+                      "detail": "reserved by the caching allocator but not allocated (cached blocks, "
+                                "fragmentation, unsplit remainders)"})
+        measured["reserved_bytes"] = reserved
+        basis, total = "reserved", reserved
+        base = att.capture.baseline("end") or att.capture.baseline("start")
+        outside = outside_allocator(base) if base else None
+        if outside is not None:
+            items.append({"item": "outside_allocator", "bytes": outside,
+                          "detail": "device memory used outside PyTorch's allocator: the CUDA context, "
+                                    "libraries, other processes (read at the "
+                                    f"{base.get('label')} of recording)"})
+            measured["device_used_bytes"] = reserved + outside
+            basis, total = "device_used", reserved + outside
+    measured["basis"] = basis
+    measured["total_bytes"] = total
+    got = int(th["total"]) + sum(int(i["bytes"]) for i in items)
+    if got != total:
+        raise ConservationError(f"the waterfall sums to {got} bytes, not the measured {total} "
+                                f"(moment after event {m.event})")
+    return items, measured

@@ -1,0 +1,392 @@
+"""Watching a model: annotations that give recorded allocations a meaning.
+
+    with allocscope.record("step.alsc") as rec:
+        rec.watch(model, optimizer)
+        train()
+
+Watching writes annotation events (docs/format.md, kinds 17-26) into the
+recording's ordered stream: module scopes (forward and backward), phases and
+the iteration counter, and labels naming tensors by their storage's address
+(parameters, buffers, gradients, optimizer state, tensors autograd saves,
+inputs). The analysis (allocscope.analysis.attribution) joins the labels to the
+allocations live at that address at that moment.
+
+It only observes. The hooks it adds return nothing (so outputs and gradients
+are untouched) and are removed when the recording stops. The one global
+change is a thin wrapper around torch.autograd.backward, which Tensor.backward
+calls, so that the backward phase starts before the loss's own backward
+kernels allocate; it is restored when the last watch ends.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import weakref
+from typing import Any, Callable, Iterator
+
+from ._format import EventKind
+from ._native import native
+
+__all__ = ["Watch"]
+
+Emit = Callable[[int, str, int, int], Any]
+
+_BACKWARD = 1
+_LEAF = 2
+
+
+def _optimizer_state_per_parameter(optimizer: Any) -> float | None:
+    """How many parameter-sized tensors the textbook says this optimizer
+    keeps per parameter (theory.md §3), or None for optimizers it does not
+    cover."""
+    if optimizer is None:
+        return 0.0
+    kind = type(optimizer).__name__
+    group = optimizer.param_groups[0] if optimizer.param_groups else {}
+    if kind == "SGD":
+        return 1.0 if group.get("momentum", 0) else 0.0
+    if kind in ("Adam", "AdamW"):
+        return 3.0 if group.get("amsgrad", False) else 2.0
+    if kind in ("Adamax", "NAdam", "RAdam", "Adadelta"):
+        return 2.0
+    if kind == "Adagrad":
+        return 1.0
+    if kind == "RMSprop":
+        return 1.0 + bool(group.get("momentum", 0)) + bool(group.get("centered", False))
+    return None
+
+
+def _tensors(value: Any) -> Iterator[tuple[str, Any]]:
+    """(path, tensor) for every tensor in nested tuples, lists and dicts."""
+    import torch
+
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        path, v = stack.pop()
+        if isinstance(v, torch.Tensor):
+            yield path, v
+        elif isinstance(v, (tuple, list)):
+            stack.extend((f"{path}[{i}]", x) for i, x in reversed(list(enumerate(v))))
+        elif isinstance(v, dict):
+            stack.extend((f"{path}[{k!r}]", x) for k, x in reversed(list(v.items())))
+
+
+def _storage(t: Any) -> tuple[int, int] | None:
+    """(data pointer, bytes) of a tensor's storage, or None for tensors
+    without one (sparse, meta, wrapper subclasses)."""
+    try:
+        s = t.untyped_storage()
+        return s.data_ptr(), s.nbytes()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None
+
+
+class _Backward:
+    """Wraps torch.autograd.backward while any watch is active."""
+
+    watches: "weakref.WeakSet[Watch]" = weakref.WeakSet()
+    original: Any = None
+
+    @classmethod
+    def add(cls, w: "Watch") -> None:
+        import torch.autograd
+
+        cls.watches.add(w)
+        if cls.original is None:
+            cls.original = torch.autograd.backward
+            torch.autograd.backward = cls._backward  # type: ignore[assignment]
+
+    @classmethod
+    def discard(cls, w: "Watch") -> None:
+        import torch.autograd
+
+        cls.watches.discard(w)
+        if not cls.watches and cls.original is not None:
+            if torch.autograd.backward is cls._backward:
+                torch.autograd.backward = cls.original
+            cls.original = None
+
+    @staticmethod
+    def _backward(*args: Any, **kwargs: Any) -> Any:
+        original = _Backward.original
+        watches = list(_Backward.watches)
+        for w in watches:
+            w._enter_backward()
+        try:
+            return original(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            for w in watches:
+                w._leave_backward()
+
+
+class Watch:
+    """Hooks on one model (and optionally its optimizer) that annotate the
+    active recording. Made by Recording.watch() or allocscope.watch(); removed
+    by remove() or when the recording stops."""
+
+    def __init__(self, model: Any, optimizer: Any = None, *, name: str | None = None,
+                 emit: Emit | None = None):
+        import torch
+
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"watch() needs a torch.nn.Module, not {type(model).__name__}")
+        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"optimizer must be a torch.optim.Optimizer, not {type(optimizer).__name__}")
+        self.name = name or type(model).__name__
+        self._emit_native = emit or (lambda kind, label, addr, size: native().annotate(kind, label, addr, size, False))
+        self._model = weakref.ref(model)
+        self._handles: list[Any] = []
+        self._local = threading.local()  # forward module stack and saved-tensor hook depth, per thread
+        self._phase = "other"
+        self._iteration = 0
+        self._in_backward = False
+        self._param_fingerprint: tuple[int, ...] = ()
+        self._param_storages: set[int] = set()
+        self._saved_this_forward: set[int] = set()
+        self._state_seen: dict[tuple[int, str], int] = {}
+        self._removed = False
+
+        self._module_names = {m: self._qualify(fqn) for fqn, m in model.named_modules()}
+        self._param_names = {id(p): self._qualify(fqn) for fqn, p in model.named_parameters()}
+        for m, qualified in self._module_names.items():
+            leaf = next(iter(m.children()), None) is None
+            self._handles.append(m.register_forward_pre_hook(self._forward_pre(qualified, leaf, m is model)))
+            self._handles.append(m.register_forward_hook(self._forward_post(qualified, leaf, m is model),
+                                                         always_call=True))
+        for p in model.parameters():
+            if p.requires_grad:
+                self._handles.append(p.register_post_accumulate_grad_hook(self._grad_hook(self._param_names[id(p)])))
+        if optimizer is not None:
+            self._handles.append(optimizer.register_step_pre_hook(self._optimizer_pre))
+            self._handles.append(optimizer.register_step_post_hook(self._optimizer_post))
+            for group in optimizer.param_groups:
+                for i, p in enumerate(group["params"]):
+                    self._param_names.setdefault(id(p), f"{self.name}.<optimizer param {i}>")
+        self._optimizer = weakref.ref(optimizer) if optimizer is not None else None
+        _Backward.add(self)
+
+        self._emit(EventKind.WATCH, json.dumps(self._summary(model, optimizer), sort_keys=True))
+        self._label_parameters(model, force=True)
+
+    # ---- public
+
+    def remove(self) -> None:
+        """Removes every hook; the model behaves as if never watched."""
+        if self._removed:
+            return
+        self._removed = True
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        _Backward.discard(self)
+
+    @property
+    def iteration(self) -> int:
+        """Optimizer steps completed since watching began."""
+        return self._iteration
+
+    def __repr__(self) -> str:
+        return f"<allocscope.Watch {self.name} iteration={self._iteration}{' removed' if self._removed else ''}>"
+
+    # ---- emitting
+
+    def _emit(self, kind: int, label: str, addr: int = 0, size: int = 0) -> None:
+        if not self._removed:
+            self._emit_native(int(kind), label, addr, size)
+
+    def _qualify(self, fqn: str) -> str:
+        return f"{self.name}.{fqn}" if fqn else self.name
+
+    def _set_phase(self, phase: str) -> None:
+        if phase != self._phase:
+            self._phase = phase
+            self._emit(EventKind.PHASE, phase, self._iteration)
+
+    def _summary(self, model: Any, optimizer: Any) -> dict[str, Any]:
+        seen: set[int] = set()
+        total = trainable = buffers = count = 0
+        for p in model.parameters():
+            s = _storage(p)
+            count += p.numel()
+            if s is None or s[0] in seen:
+                continue
+            seen.add(s[0])
+            total += s[1]
+            trainable += s[1] if p.requires_grad else 0
+        for b in model.buffers():
+            s = _storage(b)
+            if s is not None and s[0] not in seen:
+                seen.add(s[0])
+                buffers += s[1]
+        opt = None
+        if optimizer is not None:
+            opt = {"type": type(optimizer).__name__,
+                   "state_per_parameter": _optimizer_state_per_parameter(optimizer)}
+        return {"name": self.name, "parameters": total, "trainable": trainable, "buffers": buffers,
+                "parameter_count": count, "optimizer": opt}
+
+    # ---- labels
+
+    def _label_parameters(self, model: Any, force: bool = False) -> None:
+        params = list(model.named_parameters())
+        fingerprint = tuple(p.data_ptr() for _, p in params)
+        if not force and fingerprint == self._param_fingerprint:
+            return
+        self._param_fingerprint = fingerprint
+        labelled: set[int] = set()  # shared storage (tied weights) is named once
+        for fqn, p in params:
+            s = _storage(p)
+            if s is not None and s[0] not in labelled and s[1] > 0:
+                labelled.add(s[0])
+                self._emit(EventKind.PARAMETER, self._qualify(fqn), *s)
+        self._param_storages = set(labelled)
+        for fqn, b in model.named_buffers():
+            s = _storage(b)
+            if s is not None and s[0] not in labelled and s[1] > 0:
+                labelled.add(s[0])
+                self._emit(EventKind.BUFFER, self._qualify(fqn), *s)
+
+    def _grad_hook(self, name: str) -> Callable[[Any], None]:
+        def hook(p: Any) -> None:
+            g = p.grad
+            s = _storage(g) if g is not None else None
+            if s is not None and s[1] > 0:
+                self._emit(EventKind.GRADIENT, name, *s)
+
+        return hook
+
+    def _pack(self, t: Any) -> Any:
+        s = _storage(t)
+        if s is not None and s[1] > 0 and s[0] not in self._saved_this_forward:
+            self._saved_this_forward.add(s[0])
+            stack = getattr(self._local, "modules", None)
+            self._emit(EventKind.ACTIVATION, stack[-1] if stack else self.name, *s)
+        # Not t itself: a saved output holding itself would be a reference
+        # cycle (torch.autograd.graph.saved_tensors_hooks's warning).
+        return t.detach()
+
+    @staticmethod
+    def _unpack(t: Any) -> Any:
+        return t
+
+    # ---- module hooks
+
+    def _forward_pre(self, name: str, leaf: bool, root: bool) -> Callable[..., None]:
+        flags = _LEAF if leaf else 0
+
+        def hook(module: Any, args: Any) -> None:
+            import torch
+
+            local = self._local
+            stack = getattr(local, "modules", None)
+            if stack is None:
+                stack = local.modules = []
+            forward_begins = root and not stack and not self._in_backward  # not a checkpoint's recompute
+            if forward_begins:
+                self._begin_forward(module, args)
+            stack.append(name)
+            self._emit(EventKind.MODULE_ENTER, name, flags)
+            if torch.is_grad_enabled() and not self._in_backward:
+                needing = [t for _, t in _tensors(args) if t.requires_grad]
+                if needing:  # the module's backward ends when its inputs' gradients are ready
+                    torch.autograd.graph.register_multi_grad_hook(
+                        needing, lambda grads: self._emit(EventKind.MODULE_EXIT, name, flags | _BACKWARD), mode="any")
+
+        return hook
+
+    def _forward_post(self, name: str, leaf: bool, root: bool) -> Callable[..., None]:
+        flags = _LEAF if leaf else 0
+
+        def hook(module: Any, args: Any, output: Any) -> None:
+            import torch
+
+            stack = getattr(self._local, "modules", None)
+            if stack and stack[-1] == name:
+                stack.pop()
+            out = [t for _, t in _tensors(output)]
+            produced = 0
+            if leaf:
+                inputs = {s[0] for s in (_storage(t) for _, t in _tensors(args)) if s is not None}
+                for t in out:  # in-place outputs (ReLU(inplace=True)) and views are not new memory
+                    s = _storage(t)
+                    if s is not None and s[0] not in inputs:
+                        produced += t.numel() * t.element_size()
+            self._emit(EventKind.MODULE_EXIT, name, flags, produced)
+            if root and not stack and getattr(self._local, "saved_hooks", None) is not None:
+                self._end_forward()
+            if torch.is_grad_enabled() and not self._in_backward:
+                needing = [t for t in out if t.requires_grad]
+                if needing:  # its backward begins when the first output gradient is ready
+                    torch.autograd.graph.register_multi_grad_hook(
+                        needing, lambda grads: self._backward_hook_enter(name, flags), mode="any")
+
+        return hook
+
+    def _begin_forward(self, model: Any, args: Any) -> None:
+        self._set_phase("forward")
+        self._label_parameters(model)
+        self._saved_this_forward = set(self._param_storages)  # parameters stay parameters
+        for path, t in _tensors(args):
+            s = _storage(t)
+            if s is not None and s[1] > 0:
+                self._emit(EventKind.INPUT, f"{self.name}.input{path}", *s)
+        import torch.autograd.graph
+
+        hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        try:
+            hooks.__enter__()
+        except RuntimeError:  # saved-tensor hooks are disabled here (e.g. under some wrappers)
+            hooks = None
+        self._local.saved_hooks = hooks
+
+    def _end_forward(self) -> None:
+        hooks = getattr(self._local, "saved_hooks", None)
+        self._local.saved_hooks = None
+        if hooks is not None:
+            hooks.__exit__(None, None, None)
+
+    # ---- backward and optimizer phases
+
+    def _enter_backward(self) -> None:
+        self._in_backward = True
+        self._set_phase("backward")
+
+    def _leave_backward(self) -> None:
+        self._in_backward = False
+        self._set_phase("other")
+
+    def _backward_hook_enter(self, name: str, flags: int) -> None:
+        if not self._in_backward:
+            # A backward that did not go through torch.autograd.backward
+            # (torch.autograd.grad): it began no later than now; the engine
+            # tells us when it ends.
+            import torch
+
+            self._enter_backward()
+            torch.autograd.Variable._execution_engine.queue_callback(self._leave_backward)
+        self._emit(EventKind.MODULE_ENTER, name, flags | _BACKWARD)
+
+    def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._set_phase("optimizer")
+
+    def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        import torch
+
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                state = optimizer.state.get(p)
+                if not state:
+                    continue
+                pname = self._param_names.get(id(p), f"{self.name}.<param>")
+                for key, value in state.items():
+                    if not isinstance(value, torch.Tensor):
+                        continue
+                    s = _storage(value)
+                    if s is None or s[1] == 0 or self._state_seen.get((id(p), key)) == s[0]:
+                        continue
+                    self._state_seen[(id(p), key)] = s[0]
+                    self._emit(EventKind.OPTIMIZER_STATE, f"{pname}/{key}", *s)
+        self._iteration += 1
+        self._phase = "other"
+        self._emit(EventKind.PHASE, "other", self._iteration)
