@@ -5,6 +5,7 @@ ResNet-style CNN. Modes, interleaved over rounds (median reported):
   off               no recording
   allocscope-none   allocscope, no stacks
   allocscope-python allocscope, Python stacks
+  allocscope-watch  allocscope, Python stacks, and rec.watch(model, optimizer)
   torch-history     torch.cuda.memory._record_memory_history(stacks="python") (CUDA only)
 Also compares file sizes: an allocscope capture of the measured steps against
 torch's _dump_snapshot pickle of the same steps.
@@ -118,7 +119,10 @@ def timed(mode, model, opt, make_input, loss_fn, steps, device, path, snapshot_p
         finally:
             torch.cuda.memory._record_memory_history(enabled=None)
         return t, None
-    with allocscope.record(path, device=device, stacks=mode.split("-")[1]) as rec:
+    stacks = "none" if mode == "allocscope-none" else "python"
+    with allocscope.record(path, device=device, stacks=stacks) as rec:
+        if mode == "allocscope-watch":
+            rec.watch(model, opt)
         t = run_steps(model, opt, make_input, loss_fn, steps, device)
     return t, rec.summary
 
@@ -134,7 +138,7 @@ def main():
     torch.manual_seed(0)
     tmp = tempfile.mkdtemp()
     path = os.path.join(tmp, "step.alsc")
-    modes = ["off", "allocscope-none", "allocscope-python"] + (["torch-history"] if args.device == "cuda" else [])
+    modes = ["off", "allocscope-none", "allocscope-python", "allocscope-watch"] + (["torch-history"] if args.device == "cuda" else [])
     results = {}
     for name, (model, make_input, loss_fn, config) in workloads(args.device, args.small).items():
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -155,12 +159,16 @@ def main():
             timed("torch-history", model, opt, make_input, loss_fn, args.steps, args.device, path, pickle_path)
             sizes["torch_snapshot_bytes"] = os.path.getsize(pickle_path)
             sizes["torch_over_allocscope"] = round(sizes["torch_snapshot_bytes"] / sizes["allocscope_bytes"], 1)
+        timed("allocscope-watch", model, opt, make_input, loss_fn, args.steps, args.device, path)
+        annotations = int((allocscope.load(path).events.kind > allocscope.EventKind.MARK).sum())
         results[name] = {
             "config": config,
             "step_ms": {m: round(v * 1e3, 3) for m, v in med.items()},
             "overhead_pct": {m: round(100 * (med[m] / med["off"] - 1), 2) for m in modes if m != "off"},
             "step_ms_spread": {m: [round(min(v) * 1e3, 3), round(max(v) * 1e3, 3)] for m, v in samples.items()},
             "allocations_per_step": round(cap.events.counts().get("alloc", 0) / args.steps, 1),
+            "watch_annotations_per_step": round(annotations / args.steps, 1),
+            "watch_over_recording_pct": round(100 * (med["allocscope-watch"] / med["allocscope-python"] - 1), 2),
             "files": sizes,
         }
         del model, opt

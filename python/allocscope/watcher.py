@@ -30,10 +30,12 @@ from ._native import native
 
 __all__ = ["Watch"]
 
-Emit = Callable[[int, str, int, int], Any]
-
 _BACKWARD = 1
 _LEAF = 2
+# Plain ints for the hooks' hot path (IntEnum members convert on every call)
+_ENTER = int(EventKind.MODULE_ENTER)
+_EXIT = int(EventKind.MODULE_EXIT)
+_ACTIVATION = int(EventKind.ACTIVATION)
 
 
 def _optimizer_state_per_parameter(optimizer: Any) -> float | None:
@@ -82,6 +84,36 @@ def _storage(t: Any) -> tuple[int, int] | None:
         return None
 
 
+def _grad_nodes(value: Any) -> set[Any]:
+    """The autograd nodes that made the tensors in value."""
+    import torch
+
+    if isinstance(value, torch.Tensor):  # the common case, without the generator
+        node = value.grad_fn
+        return {node} if node is not None else set()
+    return {t.grad_fn for _, t in _tensors(value) if t.grad_fn is not None}
+
+
+def _new_output_bytes(args: Any, output: Any) -> int:
+    """Bytes of a module's output tensors that are neither its inputs nor
+    views of them (ReLU(inplace=True), Flatten): the layer's new memory."""
+    import torch
+
+    if isinstance(output, torch.Tensor) and len(args) == 1 and isinstance(args[0], torch.Tensor):
+        try:  # the common case, without generators
+            same = output.untyped_storage().data_ptr() == args[0].untyped_storage().data_ptr()
+            return 0 if same else output.numel() * output.element_size()
+        except (RuntimeError, NotImplementedError, TypeError):
+            return 0
+    inputs = {s[0] for s in (_storage(t) for _, t in _tensors(args)) if s is not None}
+    produced = 0
+    for _, t in _tensors(output):
+        s = _storage(t)
+        if s is not None and s[0] not in inputs:
+            produced += t.numel() * t.element_size()
+    return produced
+
+
 class _Backward:
     """Wraps torch.autograd.backward while any watch is active."""
 
@@ -125,8 +157,7 @@ class Watch:
     active recording. Made by Recording.watch() or allocscope.watch(); removed
     by remove() or when the recording stops."""
 
-    def __init__(self, model: Any, optimizer: Any = None, *, name: str | None = None,
-                 emit: Emit | None = None):
+    def __init__(self, model: Any, optimizer: Any = None, *, name: str | None = None):
         import torch
 
         if not isinstance(model, torch.nn.Module):
@@ -134,7 +165,7 @@ class Watch:
         if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, not {type(optimizer).__name__}")
         self.name = name or type(model).__name__
-        self._emit_native = emit or (lambda kind, label, addr, size: native().annotate(kind, label, addr, size, False))
+        self._annotate = native().annotate  # (kind, label, addr, size, with_stack); False when not recording
         self._model = weakref.ref(model)
         self._handles: list[Any] = []
         self._local = threading.local()  # forward module stack and saved-tensor hook depth, per thread
@@ -142,6 +173,7 @@ class Watch:
         self._iteration = 0
         self._in_backward = False
         self._param_fingerprint: tuple[int, ...] = ()
+        self._params: list[tuple[str, Any]] = []
         self._param_storages: set[int] = set()
         self._saved_this_forward: set[int] = set()
         self._state_seen: dict[tuple[int, str], int] = {}
@@ -193,7 +225,7 @@ class Watch:
 
     def _emit(self, kind: int, label: str, addr: int = 0, size: int = 0) -> None:
         if not self._removed:
-            self._emit_native(int(kind), label, addr, size)
+            self._annotate(int(kind), label, addr, size, False)
 
     def _qualify(self, fqn: str) -> str:
         return f"{self.name}.{fqn}" if fqn else self.name
@@ -229,11 +261,13 @@ class Watch:
     # ---- labels
 
     def _label_parameters(self, model: Any, force: bool = False) -> None:
-        params = list(model.named_parameters())
-        fingerprint = tuple(p.data_ptr() for _, p in params)
-        if not force and fingerprint == self._param_fingerprint:
+        # Each forward checks whether the parameters moved (model.to(...)):
+        # a walk over the module tree costs more than the data pointers, so
+        # the parameter list is kept from the last walk.
+        if not force and tuple(p.data_ptr() for _, p in self._params) == self._param_fingerprint:
             return
-        self._param_fingerprint = fingerprint
+        params = self._params = list(model.named_parameters())
+        self._param_fingerprint = tuple(p.data_ptr() for _, p in params)
         labelled: set[int] = set()  # shared storage (tied weights) is named once
         for fqn, p in params:
             s = _storage(p)
@@ -257,11 +291,15 @@ class Watch:
         return hook
 
     def _pack(self, t: Any) -> Any:
-        s = _storage(t)
-        if s is not None and s[1] > 0 and s[0] not in self._saved_this_forward:
-            self._saved_this_forward.add(s[0])
+        try:
+            storage = t.untyped_storage()
+            ptr = storage.data_ptr()
+        except (RuntimeError, NotImplementedError, TypeError):  # no storage: nothing to label
+            ptr = 0
+        if ptr and ptr not in self._saved_this_forward:
+            self._saved_this_forward.add(ptr)
             stack = getattr(self._local, "modules", None)
-            self._emit(EventKind.ACTIVATION, stack[-1] if stack else self.name, *s)
+            self._annotate(_ACTIVATION, stack[-1] if stack else self.name, ptr, storage.nbytes(), False)
         # Not t itself: a saved output holding itself would be a reference
         # cycle (torch.autograd.graph.saved_tensors_hooks's warning).
         return t.detach()
@@ -274,52 +312,55 @@ class Watch:
 
     def _forward_pre(self, name: str, leaf: bool, root: bool) -> Callable[..., None]:
         flags = _LEAF if leaf else 0
+        import torch
+
+        grad_enabled = torch.is_grad_enabled
+
+        annotate = self._annotate
+
+        def backward_done(grad_outputs: Any) -> None:
+            annotate(_EXIT, name, flags | _BACKWARD, 0, False)
 
         def hook(module: Any, args: Any) -> None:
-            import torch
-
             local = self._local
             stack = getattr(local, "modules", None)
             if stack is None:
                 stack = local.modules = []
-            forward_begins = root and not stack and not self._in_backward  # not a checkpoint's recompute
-            if forward_begins:
+            if root and not stack and not self._in_backward:  # (not a checkpoint's recompute)
                 self._begin_forward(module, args)
             stack.append(name)
-            self._emit(EventKind.MODULE_ENTER, name, flags)
-            if torch.is_grad_enabled() and not self._in_backward:
-                needing = [t for _, t in _tensors(args) if t.requires_grad]
-                if needing:  # the module's backward ends when its inputs' gradients are ready
-                    torch.autograd.graph.register_multi_grad_hook(
-                        needing, lambda grads: self._emit(EventKind.MODULE_EXIT, name, flags | _BACKWARD), mode="any")
+            annotate(_ENTER, name, flags, 0, False)
+            if grad_enabled() and not self._in_backward:
+                # The module's backward is done when the node that made its
+                # input is about to run: every gradient for the input is in.
+                for node in _grad_nodes(args):
+                    node.register_prehook(backward_done)
 
         return hook
 
     def _forward_post(self, name: str, leaf: bool, root: bool) -> Callable[..., None]:
         flags = _LEAF if leaf else 0
+        import torch
+
+        grad_enabled = torch.is_grad_enabled
+
+        annotate = self._annotate
+
+        def backward_begins(grad_outputs: Any) -> None:
+            self._backward_hook_enter(name, flags)
 
         def hook(module: Any, args: Any, output: Any) -> None:
-            import torch
-
             stack = getattr(self._local, "modules", None)
             if stack and stack[-1] == name:
                 stack.pop()
-            out = [t for _, t in _tensors(output)]
-            produced = 0
-            if leaf:
-                inputs = {s[0] for s in (_storage(t) for _, t in _tensors(args)) if s is not None}
-                for t in out:  # in-place outputs (ReLU(inplace=True)) and views are not new memory
-                    s = _storage(t)
-                    if s is not None and s[0] not in inputs:
-                        produced += t.numel() * t.element_size()
-            self._emit(EventKind.MODULE_EXIT, name, flags, produced)
+            produced = _new_output_bytes(args, output) if leaf else 0
+            annotate(_EXIT, name, flags, produced, False)
             if root and not stack and getattr(self._local, "saved_hooks", None) is not None:
                 self._end_forward()
-            if torch.is_grad_enabled() and not self._in_backward:
-                needing = [t for t in out if t.requires_grad]
-                if needing:  # its backward begins when the first output gradient is ready
-                    torch.autograd.graph.register_multi_grad_hook(
-                        needing, lambda grads: self._backward_hook_enter(name, flags), mode="any")
+            if grad_enabled() and not self._in_backward:
+                # Its backward begins when the node that made an output runs.
+                for node in _grad_nodes(output):
+                    node.register_prehook(backward_begins)
 
         return hook
 

@@ -8,6 +8,10 @@ available): the same on CUDA, so that CPU-only CI checks the analyses on real
 CUDA allocator data (tests/unit/test_cuda_fixtures.py). Tests read it as real data (the reader's
 fuzz test mutates it); keep it when the format version changes, so that the
 reader is shown to keep reading version 1.
+
+cpu_watch_v1.alsc and cuda_watch_v1.alsc (GPU only): the same training with
+the model and optimizer watched (allocscope.watch), a mark after each forward
+and each step, for the attribution tests (tests/unit/test_watch_fixtures.py).
 """
 
 import os
@@ -34,7 +38,31 @@ def train(path: str, device: str) -> None:
             allocscope.mark(f"step {step}")
 
 
+def train_watched(path: str, device: str) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 14 * 14, 10))
+    model = model.to(device)
+    opt = torch.optim.Adam(model.parameters())
+    with allocscope.record(path, device=device) as rec:
+        rec.watch(model, opt)
+        for step in range(3):
+            out = model(torch.randn(4, 3, 16, 16, device=device))
+            loss = nn.functional.cross_entropy(out, torch.arange(4, device=device))
+            allocscope.mark(f"forward {step}")
+            loss.backward()
+            opt.step()
+            allocscope.mark(f"step {step}")
+            opt.zero_grad()
+
+
 if __name__ == "__main__":
-    train(os.path.join(HERE, "cpu_train_v1.alsc"), "cpu")
+    import sys
+
+    only_watched = "--watched" in sys.argv  # keep the version-1 fixtures the reader tests pin
+    if not only_watched:
+        train(os.path.join(HERE, "cpu_train_v1.alsc"), "cpu")
+    train_watched(os.path.join(HERE, "cpu_watch_v1.alsc"), "cpu")
     if torch.cuda.is_available():
-        train(os.path.join(HERE, "cuda_train_v1.alsc"), "cuda")
+        if not only_watched:
+            train(os.path.join(HERE, "cuda_train_v1.alsc"), "cuda")
+        train_watched(os.path.join(HERE, "cuda_watch_v1.alsc"), "cuda")

@@ -8,7 +8,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import allocscope
-from allocscope.analysis import attribute, build_report, moment, timeline
+from allocscope.analysis import attribute, build_report, moment
 from allocscope.analysis.report import find_mark
 
 
@@ -244,7 +244,7 @@ def test_watching_does_not_change_results_and_is_removed(tmp_path):
     backward = torch.autograd.backward
     plain_model, plain = run(False)
     watched_model, watched = run(True)
-    assert all(torch.equal(a, b) for a, b in zip(plain, watched))
+    assert all(torch.equal(a, b) for a, b in zip(plain, watched, strict=True))
     assert torch.autograd.backward is backward
     for m in watched_model.modules():
         assert not m._forward_hooks and not m._forward_pre_hooks

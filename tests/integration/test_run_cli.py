@@ -89,3 +89,19 @@ def test_a_command_that_never_uses_torch_writes_nothing(tmp_path):
 def test_a_missing_command_is_a_clear_error(tmp_path):
     result, _ = run(tmp_path, "--", "/no/such/program")
     assert result.returncode == 2 and "cannot run /no/such/program" in result.stderr
+
+
+def test_run_with_allocscope_watch_in_the_script(tmp_path):
+    script = os.path.join(ROOT, "tests", "scripts", "train_watched.py")
+    plain = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=300)
+    assert plain.returncode == 0 and plain.stdout.strip() == "not watched", plain.stderr
+    result, out = run(tmp_path, "--", sys.executable, script)
+    assert result.returncode == 0 and result.stdout.strip() == "watched", result.stderr
+    from allocscope.analysis import build_report
+
+    r = build_report(allocscope.load(out), at="done")
+    assert r["capture"]["watched"] == ["Sequential"]
+    params = (16 * 32 + 32 + 32 * 4 + 4) * 4
+    assert r["at"]["by_category"]["parameter"] == params
+    assert r["at"]["by_category"]["optimizer_state"] == 2 * params + 4 * 4  # two moments, four step counters
+    assert [i["iteration"] for i in r["iterations"]] == [0, 1, 2, 3]

@@ -103,7 +103,7 @@ class Attribution:
         ev = self.capture.events
         idx = np.flatnonzero((ev.kind == EventKind.MODULE_EXIT) & (ev.addr == _LEAF_FLAG))
         out = []
-        for k, (s, name) in enumerate(zip(self.phase_starts, self.phase_names)):
+        for k, (s, name) in enumerate(zip(self.phase_starts, self.phase_names, strict=True)):
             if name != "forward":
                 continue
             e = self.phase_starts[k + 1] if k + 1 < len(self.phase_starts) else self.n_events
@@ -318,7 +318,7 @@ def _module_scopes(cap: Capture, names: _Names, p_idx: np.ndarray, start: np.nda
     threads = ev.thread[idx].tolist()
     flags = ev.addr[idx].tolist()
     args = ev.arg[idx].tolist()
-    for i, k, t, f, a in zip(idx.tolist(), kinds, threads, flags, args):
+    for i, k, t, f, a in zip(idx.tolist(), kinds, threads, flags, args, strict=True):
         if k == EventKind.PHASE:
             # Backward scopes whose inputs needed no gradient never close: a
             # phase change closes them all.
@@ -332,7 +332,14 @@ def _module_scopes(cap: Capture, names: _Names, p_idx: np.ndarray, start: np.nda
         backward = bool(f & _BACKWARD_FLAG)
         scopes = open_by_thread.setdefault(t, [])
         if k == EventKind.MODULE_ENTER:
-            scopes.append((name, backward))
+            pos = len(scopes)
+            if backward:
+                # A module's and its last child's backward begin at the same
+                # node, child first: the parent goes under its open descendants.
+                prefix = names.names[name] + "."
+                while pos and scopes[pos - 1][1] and names.names[scopes[pos - 1][0]].startswith(prefix):
+                    pos -= 1
+            scopes.insert(pos, (name, backward))
         else:
             for j in range(len(scopes) - 1, -1, -1):
                 if scopes[j] == (name, backward):

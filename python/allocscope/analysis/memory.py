@@ -124,7 +124,7 @@ def moment(att: Attribution, e: int, tl: Timeline | None = None, top: int = 20) 
     by_module = dict(sorted(by_module.items(), key=lambda kv: -kv[1]))
     site = _site_names(att, live)
     groups: dict[tuple[str, str, str], list[int]] = {}
-    for r, b in zip(live.tolist(), size.tolist()):
+    for r, b in zip(live.tolist(), size.tolist(), strict=True):
         key = (CATEGORIES[att.category[r]], att.name(int(att.module[r])), site[int(att.stack[r])])
         g = groups.setdefault(key, [0, 0])
         g[0] += b
@@ -197,7 +197,7 @@ def category_timeline(att: Attribution, tl: Timeline, points: int = 256) -> dict
     n = att.n_events
     edges = np.linspace(0, n + 1, min(points, n + 1) + 1).astype(np.int64)
     picks = []
-    for a, b in zip(edges[:-1], edges[1:]):
+    for a, b in zip(edges[:-1], edges[1:], strict=True):
         if b > a:
             picks.append(a + int(np.argmax(tl.allocated[a:b])))
     picks_arr = np.array(picks, np.int64)  # positions: event index + 1

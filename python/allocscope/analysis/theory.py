@@ -92,7 +92,7 @@ def theory(att: Attribution, e: int) -> dict[str, Any]:
         idx = np.flatnonzero(ev.kind == EventKind.INPUT)
         idx = idx[(idx >= span[0]) & (idx < span[1])]
         seen: dict[int, int] = {}
-        for a, s in zip(ev.addr[idx].tolist(), ev.size[idx].tolist()):
+        for a, s in zip(ev.addr[idx].tolist(), ev.size[idx].tolist(), strict=True):
             seen[a] = s
         inputs = sum(seen.values())
     if not att.watches:

@@ -1,0 +1,186 @@
+"""Attribution, theory and the waterfall on hand-built captures whose every
+number is derived in the comments."""
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+import allocscope
+from allocscope import EventKind as K
+from allocscope._synthetic import CaptureBuilder
+from allocscope.analysis import CATEGORIES, ConservationError, attribute, build_report, moment, timeline, waterfall
+from allocscope.analysis.report import find_mark
+from allocscope.analysis.rounding import round_size
+from allocscope.analysis.theory import theory
+
+MiB = 1 << 20
+WATCH = {"name": "M", "parameters": 1000, "trainable": 1000, "buffers": 0, "parameter_count": 250,
+         "optimizer": {"type": "SGD", "state_per_parameter": 1.0}}
+
+
+def one_step(tmp_path):
+    """One SGD-with-momentum step of a model M with one leaf M.fc."""
+    b = CaptureBuilder()
+    b.annotate(K.WATCH, json.dumps(WATCH))
+    b.annotate(K.PARAMETER, "M.fc.weight", 0x1000, 1000)  # built before recording
+    b.alloc(0x9000, 400)  # the batch, made outside any phase
+    b.annotate(K.PHASE, "forward", 0)
+    b.annotate(K.INPUT, "M.input[0]", 0x9000, 400)
+    b.annotate(K.MODULE_ENTER, "M", 0)
+    b.annotate(K.MODULE_ENTER, "M.fc", 2)
+    b.alloc(0x2000, 800)  # fc's output, saved for backward
+    b.annotate(K.ACTIVATION, "M.fc", 0x2000, 800)
+    b.alloc(0x3000, 300)  # an intermediate freed within forward
+    b.free(0x3000)
+    b.alloc(0x4000, 200)  # kept by the graph without a label: freed in backward
+    b.annotate(K.MODULE_EXIT, "M.fc", 2, 800)
+    b.annotate(K.MODULE_EXIT, "M", 0)
+    b.alloc(0x5000, 50)  # the loss: never freed
+    b.mark("after forward")
+    b.annotate(K.PHASE, "backward", 0)
+    b.annotate(K.MODULE_ENTER, "M.fc", 3)
+    b.alloc(0x6000, 1000)  # the weight's gradient
+    b.annotate(K.GRADIENT, "M.fc.weight", 0x6000, 1000)
+    b.alloc(0x7000, 600)  # a gradient of an activation
+    b.mark("in backward")
+    b.free(0x7000)
+    b.free(0x2000)
+    b.free(0x4000)
+    b.annotate(K.PHASE, "other", 0)
+    b.annotate(K.PHASE, "optimizer", 0)
+    b.alloc(0x8000, 1000)  # momentum buffer
+    b.annotate(K.OPTIMIZER_STATE, "M.fc.weight/momentum_buffer", 0x8000, 1000)
+    b.annotate(K.PHASE, "other", 1)
+    b.mark("after step")
+    return allocscope.load(b.write(tmp_path / "step.alsc"))
+
+
+def row_at(att, addr):
+    (r,) = np.flatnonzero(att.addr == addr)
+    return r
+
+
+def test_every_rule_gives_its_category(tmp_path):
+    att = attribute(one_step(tmp_path))
+    expect = {0x1000: "parameter", 0x9000: "input", 0x2000: "activation", 0x3000: "temporary",
+              0x4000: "activation", 0x5000: "unknown", 0x6000: "gradient", 0x7000: "temporary",
+              0x8000: "optimizer_state"}
+    assert {a: CATEGORIES[att.category[row_at(att, a)]] for a in expect} == expect
+    # the parameter predates recording: live from the start, never freed
+    r = row_at(att, 0x1000)
+    assert att.start[r] == -1 and att.end[r] == att.n_events and att.size[r] == 1000
+    modules = {a: att.name(int(att.module[row_at(att, a)])) for a in (0x1000, 0x2000, 0x3000, 0x7000, 0x8000, 0x5000)}
+    assert modules == {0x1000: "M.fc", 0x2000: "M.fc", 0x3000: "M.fc", 0x7000: "M.fc", 0x8000: "M.fc", 0x5000: ""}
+    assert att.name(int(att.label[row_at(att, 0x8000)])) == "M.fc.weight/momentum_buffer"
+
+
+def test_theory_and_waterfall_at_the_peak(tmp_path):
+    cap = one_step(tmp_path)
+    r = build_report(cap)
+    # live in backward: parameter 1000, input 400, activations 800 + 200,
+    # loss 50, gradient 1000, temporary 600 = 4050 (the peak)
+    assert r["peak"]["event"] == find_mark(cap, "in backward") - 1
+    assert r["peak"]["requested_bytes"] == 4050
+    # theory: 1000 parameters + 1000 gradients + 1000 momentum + 800 layer
+    # outputs, twice + 400 input = 5000
+    th = r["theory"]
+    assert (th["parameters"], th["gradients"], th["optimizer_state"], th["activations"],
+            th["activation_gradients"], th["inputs"], th["total"]) == (1000, 1000, 1000, 800, 800, 400, 5000)
+    gap = {i["item"]: i["bytes"] for i in r["gap"]}
+    assert gap == {"parameters": 0, "buffers": 0, "gradients": 0, "optimizer_state": -1000, "activations": 200,
+                   "inputs": 0, "temporaries": -200, "workspaces": 0, "other": 0, "unknown": 50,
+                   "allocator_rounding": 0}
+    assert r["measured"] == {"allocated_bytes": 4050, "requested_bytes": 4050, "basis": "allocated",
+                             "total_bytes": 4050}
+    assert 5000 + sum(gap.values()) == 4050
+
+
+def test_at_a_mark(tmp_path):
+    cap = one_step(tmp_path)
+    r = build_report(cap, at="after step")
+    # parameter, input, loss, gradient (not zeroed) and momentum remain
+    assert r["at"]["by_category"] | {} == {c: 0 for c in CATEGORIES} | {
+        "parameter": 1000, "input": 400, "unknown": 50, "gradient": 1000, "optimizer_state": 1000}
+    assert r["at"]["label"] == "after step"
+    assert r["at"]["by_module"] == {"M.fc": 3000, "M": 400, "<no module>": 50}
+
+
+def test_cuda_line_items_rounding_cache_and_outside(tmp_path):
+    seg, seg2 = 0x7F0000000000, 0x7F0000200000
+    b = CaptureBuilder({"devices_recorded": ["cuda"]}, device=0)
+
+    def base(label, reserved):
+        return {"label": label, "device_type": "cuda", "seq": 0, "config": {"roundup_power2_divisions": []},
+                "segments": [{"device": 0, "address": seg, "total_size": 2 * MiB, "stream": 0,
+                              "blocks": [[512, 100, True, True], [2 * MiB - 512, 0, False, False]]}],
+                "devices": [{"index": 0, "free": 0, "total": 0, "used": reserved + 300 * MiB,
+                             "stats": {"reserved_bytes": {"current": reserved, "peak": reserved}}}]}
+
+    b.baseline(base("start", 2 * MiB))
+    b.event(K.SEGMENT_ALLOC, addr=seg2, size=20 * MiB)
+    b.alloc(seg2, 5_000_000)
+    b.free(seg2)
+    b.baseline(base("end", 22 * MiB))
+    cap = allocscope.load(b.write(tmp_path / "cuda.alsc"))
+    r = build_report(cap)
+    # at the peak: the old 100 B request in a 512 B block, and 5,000,000 B
+    # rounded up to 9766 x 512 = 5,000,192 B
+    assert r["peak"]["requested_bytes"] == 5_000_100
+    assert r["peak"]["allocated_bytes"] == 512 + 5_000_192
+    assert r["peak"]["reserved_bytes"] == 22 * MiB
+    gap = {i["item"]: i["bytes"] for i in r["gap"] if i["bytes"]}
+    assert gap == {"other": 5_000_100, "allocator_rounding": 412 + 192,
+                   "cached_free": 22 * MiB - (512 + 5_000_192), "outside_allocator": 300 * MiB}
+    assert r["measured"]["total_bytes"] == 322 * MiB and r["measured"]["basis"] == "device_used"
+    assert r["theory"]["total"] == 0 and r["peak_reserved"]["reserved_bytes"] == 22 * MiB
+
+
+def test_a_waterfall_that_does_not_add_up_is_refused(tmp_path):
+    cap = one_step(tmp_path)
+    att = attribute(cap)
+    tl = timeline(att)
+    e = find_mark(cap, "in backward")
+    m = moment(att, e, tl)
+    waterfall(att, m, theory(att, e), tl)  # consistent: no error
+    lost = dataclasses.replace(m, by_category=m.by_category | {"unknown": 0})
+    with pytest.raises(ConservationError, match="sums to"):
+        waterfall(att, lost, theory(att, e), tl)
+
+
+def test_labels_without_memory_are_reported_not_invented(tmp_path):
+    b = CaptureBuilder()
+    b.alloc(0x1000, 64)
+    b.free(0x1000)
+    b.annotate(K.PARAMETER, "M.w", 0x1000, 64)  # that memory was freed: nothing to label
+    b.annotate(K.PARAMETER, "M.v", 0x2000, 32)  # never seen: memory from before recording
+    b.free(0x2000)  # ...freed while recording
+    att = attribute(allocscope.load(b.write(tmp_path / "l.alsc")))
+    assert any("1 tensor labels name no live allocation" in w for w in att.warnings)
+    r = row_at(att, 0x2000)
+    # live from the start until its FREE (event 4)
+    assert (att.start[r], att.end[r], att.size[r], CATEGORIES[att.category[r]]) == (-1, 4, 32, "parameter")
+    assert CATEGORIES[att.category[row_at(att, 0x1000)]] == "other"
+
+
+def test_a_capture_without_watch_is_all_other(tmp_path):
+    b = CaptureBuilder()
+    b.alloc(0x1000, 64)
+    r = build_report(allocscope.load(b.write(tmp_path / "plain.alsc")))
+    assert r["peak"]["by_category"]["other"] == 64 and r["theory"]["total"] == 0
+    assert r["iterations"] == [] and "no model was watched" in r["theory"]["notes"][0]
+
+
+@pytest.mark.parametrize("size, divisions, expected", [
+    (1, [], 512),  # below 512: one minimum block
+    (512, [], 512),
+    (513, [], 1024),  # whole 512 B multiples
+    (1_572_865, [], 1_573_376),  # 1.5 MiB + 1 -> next 512 B multiple
+    (1_572_865, [4], 1_835_008),  # 4 divisions of [1, 2) MiB: steps of 256 KiB -> 1.75 MiB
+    (2 * MiB, [0, 4], 2 * MiB),  # powers of two stay
+    (2 * MiB + 1, [0, 4], 2 * MiB + 512 * 1024),  # bucket [2, 4) MiB, 4 divisions: steps of 512 KiB
+    (1200, [4], 1536),  # 1200 <= 512 x 4: plain rounding even with divisions
+])
+def test_round_size(size, divisions, expected):
+    assert int(round_size(np.array([size]), divisions)[0]) == expected
