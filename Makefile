@@ -1,5 +1,5 @@
 # The two commands (README.md):
-#   make demo   set up from a fresh clone, record a small training run, print a summary
+#   make demo   set up from a fresh clone, record a small training run, explain its peak
 #   make test   set up from a fresh clone and run the tests (.ci/run runs this)
 #
 # Set-up makes .venv with the pinned torch (a CUDA build, so the CUDA wrapper
@@ -20,7 +20,7 @@ COMPAT_VENV := .venv-torch$(COMPAT_TORCH)
 demo: $(VENV)/.built
 	$(PY) -m allocscope run -f -o demo.alsc -- $(PY) examples/train.py --steps 3
 	$(PY) -m allocscope info demo.alsc
-	$(PY) -m allocscope dump --kind mark --stacks demo.alsc
+	$(PY) -m allocscope report demo.alsc
 
 test: test-main test-compat
 

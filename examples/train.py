@@ -10,10 +10,13 @@ import torch
 from torch import nn
 
 try:
-    from allocscope import mark
+    from allocscope import mark, watch
 except ImportError:  # the script runs without allocscope too
     def mark(label: str) -> bool:
         return False
+
+    def watch(model, optimizer=None, **kwargs):
+        return None
 
 
 def make_model() -> nn.Module:
@@ -37,6 +40,7 @@ def main() -> None:
     model = make_model().to(args.device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     loss_fn = nn.CrossEntropyLoss()
+    watch(model, opt)  # under `allocscope run`: label parameters, gradients, activations, ...
     for step in range(args.steps):
         x = torch.randn(args.batch, 3, 64, 64, device=args.device)
         y = torch.randint(0, 10, (args.batch,), device=args.device)

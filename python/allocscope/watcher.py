@@ -36,6 +36,7 @@ _LEAF = 2
 _ENTER = int(EventKind.MODULE_ENTER)
 _EXIT = int(EventKind.MODULE_EXIT)
 _ACTIVATION = int(EventKind.ACTIVATION)
+_PHASE = int(EventKind.PHASE)
 
 
 def _optimizer_state_per_parameter(optimizer: Any) -> float | None:
@@ -114,19 +115,27 @@ def _new_output_bytes(args: Any, output: Any) -> int:
     return produced
 
 
-class _Backward:
-    """Wraps torch.autograd.backward while any watch is active."""
+class _Process:
+    """What all watches share: the phase and iteration (one per process, so
+    that two watched models, a model and its loss module say, write one
+    sequence of phases), and the wrapper around torch.autograd.backward,
+    installed while anything is watched."""
 
     watches: "weakref.WeakSet[Watch]" = weakref.WeakSet()
-    original: Any = None
+    original_backward: Any = None
+    phase = "other"
+    iteration = 0
+    in_backward = False
 
     @classmethod
     def add(cls, w: "Watch") -> None:
         import torch.autograd
 
+        if not cls.watches:  # a new recording starts from scratch
+            cls.phase, cls.iteration, cls.in_backward = "other", 0, False
         cls.watches.add(w)
-        if cls.original is None:
-            cls.original = torch.autograd.backward
+        if cls.original_backward is None:
+            cls.original_backward = torch.autograd.backward
             torch.autograd.backward = cls._backward  # type: ignore[assignment]
 
     @classmethod
@@ -134,22 +143,38 @@ class _Backward:
         import torch.autograd
 
         cls.watches.discard(w)
-        if not cls.watches and cls.original is not None:
+        if not cls.watches and cls.original_backward is not None:
             if torch.autograd.backward is cls._backward:
-                torch.autograd.backward = cls.original
-            cls.original = None
+                torch.autograd.backward = cls.original_backward
+            cls.original_backward = None
+
+    @classmethod
+    def set_phase(cls, phase: str, *, force: bool = False) -> None:
+        if phase != cls.phase or force:
+            cls.phase = phase
+            native().annotate(_PHASE, phase, cls.iteration, 0, False)
+
+    @classmethod
+    def enter_backward(cls) -> None:
+        cls.in_backward = True
+        cls.set_phase("backward")
+
+    @classmethod
+    def leave_backward(cls) -> None:
+        cls.in_backward = False
+        cls.set_phase("other")
 
     @staticmethod
     def _backward(*args: Any, **kwargs: Any) -> Any:
-        original = _Backward.original
-        watches = list(_Backward.watches)
-        for w in watches:
-            w._enter_backward()
+        original = _Process.original_backward
+        nested = _Process.in_backward  # (a backward inside a backward hook)
+        if not nested:
+            _Process.enter_backward()
         try:
             return original(*args, **kwargs)  # type: ignore[misc]
         finally:
-            for w in watches:
-                w._leave_backward()
+            if not nested:
+                _Process.leave_backward()
 
 
 class Watch:
@@ -166,12 +191,8 @@ class Watch:
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, not {type(optimizer).__name__}")
         self.name = name or type(model).__name__
         self._annotate = native().annotate  # (kind, label, addr, size, with_stack); False when not recording
-        self._model = weakref.ref(model)
         self._handles: list[Any] = []
         self._local = threading.local()  # forward module stack and saved-tensor hook depth, per thread
-        self._phase = "other"
-        self._iteration = 0
-        self._in_backward = False
         self._param_fingerprint: tuple[int, ...] = ()
         self._params: list[tuple[str, Any]] = []
         self._param_storages: set[int] = set()
@@ -195,8 +216,7 @@ class Watch:
             for group in optimizer.param_groups:
                 for i, p in enumerate(group["params"]):
                     self._param_names.setdefault(id(p), f"{self.name}.<optimizer param {i}>")
-        self._optimizer = weakref.ref(optimizer) if optimizer is not None else None
-        _Backward.add(self)
+        _Process.add(self)
 
         self._emit(EventKind.WATCH, json.dumps(self._summary(model, optimizer), sort_keys=True))
         self._label_parameters(model, force=True)
@@ -211,15 +231,15 @@ class Watch:
         for h in self._handles:
             h.remove()
         self._handles.clear()
-        _Backward.discard(self)
+        _Process.discard(self)
 
     @property
     def iteration(self) -> int:
-        """Optimizer steps completed since watching began."""
-        return self._iteration
+        """Optimizer steps completed since watching began (by any watched optimizer)."""
+        return _Process.iteration
 
     def __repr__(self) -> str:
-        return f"<allocscope.Watch {self.name} iteration={self._iteration}{' removed' if self._removed else ''}>"
+        return f"<allocscope.Watch {self.name} iteration={_Process.iteration}{' removed' if self._removed else ''}>"
 
     # ---- emitting
 
@@ -229,11 +249,6 @@ class Watch:
 
     def _qualify(self, fqn: str) -> str:
         return f"{self.name}.{fqn}" if fqn else self.name
-
-    def _set_phase(self, phase: str) -> None:
-        if phase != self._phase:
-            self._phase = phase
-            self._emit(EventKind.PHASE, phase, self._iteration)
 
     def _summary(self, model: Any, optimizer: Any) -> dict[str, Any]:
         seen: set[int] = set()
@@ -326,11 +341,11 @@ class Watch:
             stack = getattr(local, "modules", None)
             if stack is None:
                 stack = local.modules = []
-            if root and not stack and not self._in_backward:  # (not a checkpoint's recompute)
+            if root and not stack and not _Process.in_backward:  # (not a checkpoint's recompute)
                 self._begin_forward(module, args)
             stack.append(name)
             annotate(_ENTER, name, flags, 0, False)
-            if grad_enabled() and not self._in_backward:
+            if grad_enabled() and not _Process.in_backward:
                 # The module's backward is done when the node that made its
                 # input is about to run: every gradient for the input is in.
                 for node in _grad_nodes(args):
@@ -357,7 +372,7 @@ class Watch:
             annotate(_EXIT, name, flags, produced, False)
             if root and not stack and getattr(self._local, "saved_hooks", None) is not None:
                 self._end_forward()
-            if grad_enabled() and not self._in_backward:
+            if grad_enabled() and not _Process.in_backward:
                 # Its backward begins when the node that made an output runs.
                 for node in _grad_nodes(output):
                     node.register_prehook(backward_begins)
@@ -365,10 +380,13 @@ class Watch:
         return hook
 
     def _begin_forward(self, model: Any, args: Any) -> None:
-        self._set_phase("forward")
+        first = _Process.phase != "forward"
+        _Process.set_phase("forward")
         self._label_parameters(model)
         self._saved_this_forward = set(self._param_storages)  # parameters stay parameters
-        for path, t in _tensors(args):
+        # The step's inputs are those of the first watched forward; a watched
+        # loss module's inputs (the model's outputs) are not.
+        for path, t in _tensors(args) if first else ():
             s = _storage(t)
             if s is not None and s[1] > 0:
                 self._emit(EventKind.INPUT, f"{self.name}.input{path}", *s)
@@ -389,27 +407,19 @@ class Watch:
 
     # ---- backward and optimizer phases
 
-    def _enter_backward(self) -> None:
-        self._in_backward = True
-        self._set_phase("backward")
-
-    def _leave_backward(self) -> None:
-        self._in_backward = False
-        self._set_phase("other")
-
     def _backward_hook_enter(self, name: str, flags: int) -> None:
-        if not self._in_backward:
+        if not _Process.in_backward:
             # A backward that did not go through torch.autograd.backward
             # (torch.autograd.grad): it began no later than now; the engine
             # tells us when it ends.
             import torch
 
-            self._enter_backward()
-            torch.autograd.Variable._execution_engine.queue_callback(self._leave_backward)
+            _Process.enter_backward()
+            torch.autograd.Variable._execution_engine.queue_callback(_Process.leave_backward)
         self._emit(EventKind.MODULE_ENTER, name, flags | _BACKWARD)
 
     def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self._set_phase("optimizer")
+        _Process.set_phase("optimizer")
 
     def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         import torch
@@ -428,6 +438,5 @@ class Watch:
                         continue
                     self._state_seen[(id(p), key)] = s[0]
                     self._emit(EventKind.OPTIMIZER_STATE, f"{pname}/{key}", *s)
-        self._iteration += 1
-        self._phase = "other"
-        self._emit(EventKind.PHASE, "other", self._iteration)
+        _Process.iteration += 1
+        _Process.set_phase("other", force=True)  # the counter moved even if the phase did not

@@ -2,6 +2,7 @@
 after the optimizer step, each category holds exactly the tensors that
 PyTorch says it should."""
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -280,3 +281,26 @@ def test_report_cli_text_and_json(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "allocscope", "report", "--at", "nope", str(path)],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "no mark labelled 'nope'" in bad.stderr
+
+
+def test_two_watched_modules_share_one_sequence_of_phases(tmp_path):
+    model, criterion = nn.Linear(8, 3), nn.CrossEntropyLoss()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    path = tmp_path / "two.alsc"
+    with allocscope.record(path, device="cpu") as rec:
+        rec.watch(model, opt)
+        rec.watch(criterion, name="loss")
+        for _ in range(2):
+            criterion(model(torch.randn(4, 8)), torch.tensor([0, 1, 2, 0])).backward()
+            opt.step()
+            opt.zero_grad()
+    cap = allocscope.load(path)
+    att = attribute(cap)
+    phases = [(p, int(k)) for p, k in zip(att.phase_names, att.phase_iterations, strict=True)]
+    assert phases == [("forward", 0), ("backward", 0), ("other", 0), ("optimizer", 0), ("other", 1),
+                      ("forward", 1), ("backward", 1), ("other", 1), ("optimizer", 1), ("other", 2)]
+    assert {"Linear", "loss"} <= set(att.names)
+    # only the batch is an input: the loss module's inputs are the model's outputs
+    ev = cap.events
+    inputs = np.flatnonzero(ev.kind == allocscope.EventKind.INPUT)
+    assert [cap.label(i) for i in inputs] == ["Linear.input[0]", "Linear.input[0]"]
