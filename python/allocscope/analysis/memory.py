@@ -122,13 +122,19 @@ def moment(att: Attribution, e: int, tl: Timeline | None = None, top: int = 20) 
     for m in np.flatnonzero(mod_sums).tolist():
         by_module[att.name(m - 1) or "<no module>"] = int(mod_sums[m])
     by_module = dict(sorted(by_module.items(), key=lambda kv: -kv[1]))
+    # Group by (category, module, stack) in numpy, then merge stacks that
+    # share a user line.
+    keys = np.stack([att.category[live], att.module[live], att.stack[live]], axis=1)
+    uniq, inverse = np.unique(keys, axis=0, return_inverse=True) if len(live) else (np.zeros((0, 3), np.int64), [])
+    inverse = np.asarray(inverse).reshape(-1)
+    group_bytes = np.bincount(inverse, weights=size, minlength=len(uniq)).astype(np.int64)
+    group_count = np.bincount(inverse, minlength=len(uniq))
     site = _site_names(att, live)
     groups: dict[tuple[str, str, str], list[int]] = {}
-    for r, b in zip(live.tolist(), size.tolist(), strict=True):
-        key = (CATEGORIES[att.category[r]], att.name(int(att.module[r])), site[int(att.stack[r])])
-        g = groups.setdefault(key, [0, 0])
+    for (c, mod, stk), b, k in zip(uniq.tolist(), group_bytes.tolist(), group_count.tolist(), strict=True):
+        g = groups.setdefault((CATEGORIES[c], att.name(mod), site[stk]), [0, 0])
         g[0] += b
-        g[1] += 1
+        g[1] += k
     rows = sorted(groups.items(), key=lambda kv: -kv[1][0])[:top]
     tl = tl or timeline(att)
     return Moment(
@@ -177,15 +183,19 @@ def sites(att: Attribution, at: int, top: int = 20) -> list[dict[str, Any]]:
     recorded = np.flatnonzero(att.start >= 0)
     if not len(recorded):
         return []
+    stacks, inverse = np.unique(att.stack[recorded], return_inverse=True)
+    size = att.size[recorded]
+    allocated = np.bincount(inverse, weights=size, minlength=len(stacks)).astype(np.int64)
+    count = np.bincount(inverse, minlength=len(stacks))
+    live = att.live(at)[recorded]
+    live_bytes = np.bincount(inverse[live], weights=size[live], minlength=len(stacks)).astype(np.int64)
     names = _site_names(att, recorded)
-    live = att.live(at)
     table: dict[str, list[int]] = {}
-    for r in recorded.tolist():
-        g = table.setdefault(names[int(att.stack[r])], [0, 0, 0])
-        g[0] += int(att.size[r])
-        g[1] += 1
-        if live[r]:
-            g[2] += int(att.size[r])
+    for stk, b, k, lb in zip(stacks.tolist(), allocated.tolist(), count.tolist(), live_bytes.tolist(), strict=True):
+        g = table.setdefault(names[stk], [0, 0, 0])
+        g[0] += b
+        g[1] += k
+        g[2] += lb
     rows = sorted(table.items(), key=lambda kv: (-kv[1][2], -kv[1][0]))[:top]
     return [{"site": s, "allocations": k, "allocated_bytes": b, "live_bytes": lb} for s, (b, k, lb) in rows]
 
