@@ -43,8 +43,6 @@ def _optimizer_state_per_parameter(optimizer: Any) -> float | None:
     """How many parameter-sized tensors the textbook says this optimizer
     keeps per parameter (theory.md §3), or None for optimizers it does not
     cover."""
-    if optimizer is None:
-        return 0.0
     kind = type(optimizer).__name__
     group = optimizer.param_groups[0] if optimizer.param_groups else {}
     if kind == "SGD":
@@ -192,7 +190,7 @@ class Watch:
         self.name = name or type(model).__name__
         self._annotate = native().annotate  # (kind, label, addr, size, with_stack); False when not recording
         self._handles: list[Any] = []
-        self._local = threading.local()  # forward module stack and saved-tensor hook depth, per thread
+        self._local = threading.local()  # per thread: the forward module stack, the saved-tensor hooks
         self._param_fingerprint: tuple[int, ...] = ()
         self._params: list[tuple[str, Any]] = []
         self._param_storages: set[int] = set()
@@ -200,13 +198,12 @@ class Watch:
         self._state_seen: dict[tuple[int, str], int] = {}
         self._removed = False
 
-        self._module_names = {m: self._qualify(fqn) for fqn, m in model.named_modules()}
         self._param_names = {id(p): self._qualify(fqn) for fqn, p in model.named_parameters()}
-        for m, qualified in self._module_names.items():
+        for fqn, m in model.named_modules():
             leaf = next(iter(m.children()), None) is None
-            self._handles.append(m.register_forward_pre_hook(self._forward_pre(qualified, leaf, m is model)))
-            self._handles.append(m.register_forward_hook(self._forward_post(qualified, leaf, m is model),
-                                                         always_call=True))
+            pre, post = self._module_hooks(self._qualify(fqn), leaf, m is model)
+            self._handles.append(m.register_forward_pre_hook(pre))
+            self._handles.append(m.register_forward_hook(post, always_call=True))
         for p in model.parameters():
             if p.requires_grad:
                 self._handles.append(p.register_post_accumulate_grad_hook(self._grad_hook(self._param_names[id(p)])))
@@ -325,18 +322,21 @@ class Watch:
 
     # ---- module hooks
 
-    def _forward_pre(self, name: str, leaf: bool, root: bool) -> Callable[..., None]:
-        flags = _LEAF if leaf else 0
+    def _module_hooks(self, name: str, leaf: bool, root: bool) -> tuple[Callable[..., None], Callable[..., None]]:
+        """The forward pre-hook and forward hook of one module."""
         import torch
 
+        flags = _LEAF if leaf else 0
         grad_enabled = torch.is_grad_enabled
-
         annotate = self._annotate
+
+        def backward_begins(grad_outputs: Any) -> None:
+            self._backward_hook_enter(name, flags)
 
         def backward_done(grad_outputs: Any) -> None:
             annotate(_EXIT, name, flags | _BACKWARD, 0, False)
 
-        def hook(module: Any, args: Any) -> None:
+        def pre(module: Any, args: Any) -> None:
             local = self._local
             stack = getattr(local, "modules", None)
             if stack is None:
@@ -351,20 +351,7 @@ class Watch:
                 for node in _grad_nodes(args):
                     node.register_prehook(backward_done)
 
-        return hook
-
-    def _forward_post(self, name: str, leaf: bool, root: bool) -> Callable[..., None]:
-        flags = _LEAF if leaf else 0
-        import torch
-
-        grad_enabled = torch.is_grad_enabled
-
-        annotate = self._annotate
-
-        def backward_begins(grad_outputs: Any) -> None:
-            self._backward_hook_enter(name, flags)
-
-        def hook(module: Any, args: Any, output: Any) -> None:
+        def post(module: Any, args: Any, output: Any) -> None:
             stack = getattr(self._local, "modules", None)
             if stack and stack[-1] == name:
                 stack.pop()
@@ -377,7 +364,7 @@ class Watch:
                 for node in _grad_nodes(output):
                     node.register_prehook(backward_begins)
 
-        return hook
+        return pre, post
 
     def _begin_forward(self, model: Any, args: Any) -> None:
         first = _Process.phase != "forward"

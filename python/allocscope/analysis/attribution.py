@@ -155,12 +155,12 @@ def attribute(cap: Capture) -> Attribution:
     block = ev.block[lt.alloc].astype(np.int64)
     rounded = [block]
 
-    first_unmatched: dict[int, list[int]] = {}
+    unmatched_frees_at: dict[int, list[int]] = {}  # address -> FREEs of memory from before recording
     for i in lt.unmatched_frees.tolist():
-        first_unmatched.setdefault(int(ev.addr[i]), []).append(i)
+        unmatched_frees_at.setdefault(int(ev.addr[i]), []).append(i)
 
     def free_after(a: int, index: int) -> int:
-        frees = first_unmatched.get(a, ())
+        frees = unmatched_frees_at.get(a, ())
         k = bisect.bisect_right(frees, index)
         return frees[k] if k < len(frees) else n
 

@@ -56,7 +56,7 @@ def build_report(cap: Capture, *, at: str | None = None, top: int = 20) -> dict[
     }
     focus = peak if at is None else find_mark(cap, at)
     main = _section(att, tl, focus, top)
-    out["peak"] = _section(att, tl, peak, top)["moment"] if at is not None else main["moment"]
+    out["peak"] = moment(att, peak, tl, top).to_json() if at is not None else main["moment"]
     if at is not None:
         out["at"] = main["moment"] | {"label": at}
     if tl.reserved is not None:

@@ -55,15 +55,15 @@ class ConservationError(AssertionError):
     """The waterfall does not add up: a bug in the analysis."""
 
 
-def _forward_at(att: Attribution, e: int) -> tuple[int, int] | None:
-    """(first, end) event indices of the forward phase moment e belongs to:
-    the last forward begun at or before e, else the first one."""
+def _forward_at(att: Attribution, e: int) -> tuple[int, int, int] | None:
+    """(first event, end event, leaf output bytes) of the forward phase
+    moment e belongs to: the last forward begun at or before e, else the
+    first one."""
     forwards = att.leaf_outputs()
     if not forwards:
         return None
     begun = [f for f in forwards if f[0] <= e]
-    f = begun[-1] if begun else forwards[0]
-    return f[0], f[1]
+    return begun[-1] if begun else forwards[0]
 
 
 def theory(att: Attribution, e: int) -> dict[str, Any]:
@@ -87,10 +87,10 @@ def theory(att: Attribution, e: int) -> dict[str, Any]:
     activations = inputs = 0
     span = _forward_at(att, e)
     if span is not None:
-        activations = next(b for s, _, b in att.leaf_outputs() if s == span[0])
+        first, end, activations = span
         ev = att.capture.events
         idx = np.flatnonzero(ev.kind == EventKind.INPUT)
-        idx = idx[(idx >= span[0]) & (idx < span[1])]
+        idx = idx[(idx >= first) & (idx < end)]
         seen: dict[int, int] = {}
         for a, s in zip(ev.addr[idx].tolist(), ev.size[idx].tolist(), strict=True):
             seen[a] = s
