@@ -11,7 +11,9 @@ from .._format import EventKind
 from ..reader import Capture
 from .attribution import Attribution, attribute
 from .memory import Timeline, category_timeline, iterations, moment, sites, timeline
+from .replay import replay
 from .theory import theory, waterfall
+from .whatif import allocator_section, oom_section
 
 __all__ = ["SCHEMA", "MarkNotFound", "build_report", "find_mark"]
 
@@ -68,4 +70,13 @@ def build_report(cap: Capture, *, at: str | None = None, top: int = 20) -> dict[
     out["sites"] = sites(att, focus, top)
     out["timeline"] = category_timeline(att, tl)
     out["warnings"] = list(cap.warnings) + att.warnings
+    if att.device_type == "cuda":
+        # The allocator's side: its state replayed at the peak of reserved
+        # memory, and the post-mortem of an OOM (docs/allocator.md).
+        at = tl.peak("reserved")
+        rep = replay(cap, states_at=[at])
+        out["allocator"] = allocator_section(cap, att, rep, at=at, top=top)
+        oom = oom_section(cap, att, rep, top=top)
+        if oom is not None:
+            out["oom"] = oom
     return out

@@ -123,6 +123,70 @@ def render(r: dict[str, Any], top: int = 10) -> str:
              format_bytes(i["leaked_bytes"])) for i in its[:top]], {0, 1, 2, 3})
         if len(its) > top:
             lines.append(f"  ... {len(its) - top} more (--json for all)")
+    lines += _allocator_lines(r.get("allocator"), top)
+    lines += _oom_lines(r.get("oom"), top)
     for w in r["warnings"]:
         lines.append(f"warning: {w}")
     return "\n".join(lines)
+
+
+def _allocator_lines(a: dict[str, Any] | None, top: int) -> list[str]:
+    if not a:
+        return []
+    lines = ["", f"Allocator ({a['settings']}), at the peak of reserved memory (event {a['state_at']}):"]
+    st = a.get("state")
+    if st:
+        lines += _table([
+            ("reserved", format_bytes(st["reserved"]), f"{st['segments']} segments"),
+            ("allocated", format_bytes(st["allocated"]), f"of which rounding and unsplit remainders "
+             f"{format_bytes(st['internal_fragmentation'])}"),
+            ("cached free", format_bytes(st["cached_free"]), f"largest block {format_bytes(st['largest_free_block'])}, "
+             f"external fragmentation {st['external_fragmentation']:.1%}"),
+            ("unreleasable", format_bytes(st["unreleasable_free"]), f"free inside {st['fragmented_segments']} "
+             "segments that also hold live blocks (empty_cache cannot return it)"),
+            ("awaiting streams", format_bytes(st["pending_free"]), "freed, still in use by another stream"),
+        ], {1})
+        for seg in st["pinned_segments"][:3]:
+            lines.append(f"  segment {seg['address']:#x} ({format_bytes(seg['total_size'])}, {seg['pool']} pool): "
+                         f"{format_bytes(seg['free'])} free, pinned by {seg['live_blocks']} live block(s):")
+            for p in seg["pinned_by"][:3]:
+                what = " ".join(x for x in (p.get("category"), p.get("module"), p.get("tensor")) if x)
+                lines.append(f"    {format_bytes(p['size'])} {what or p['state']} {p.get('site') or ''}".rstrip())
+    rp = a.get("replay")
+    if rp:
+        verdict = "reproduced exactly" if rp["exact"] else \
+            f"NOT reproduced exactly ({rp['matched']} of {rp['recorded_segment_events']} segment events)"
+        lines.append(f"  replay of the allocator: {verdict}; see `allocscope simulate`")
+    return lines
+
+
+def _oom_lines(o: dict[str, Any] | None, top: int) -> list[str]:
+    if not o:
+        return []
+    req = o["request"]
+    lines = ["", f"Out of memory at event {o['event']}: requested {format_bytes(req['size'])}"]
+    lines += [f"    {f}" for f in req["stack"][:5]]
+    if not o["reproduced_by_replay"]:
+        return lines + [f"  {o['note']}"]
+    al, dev = o["allocator"], o["device"]
+    rows = [("reserved", format_bytes(al["reserved"]), f"allocated {format_bytes(al['allocated'])}")]
+    if dev.get("outside_pytorch") is not None:
+        rows.append(("outside PyTorch", format_bytes(dev["outside_pytorch"]), "CUDA context, libraries, other processes"))
+    rows.append(("device free", format_bytes(dev["free_at_oom"]), f"of {format_bytes(dev['total'] or 0)}"
+                 + (f"; allowed {format_bytes(dev['allowed'])}" if dev.get("allowed") else "")))
+    lines += _table(rows, {1})
+    unusable = {k: v for k, v in o["cached_unusable"].items() if v}
+    if unusable:
+        lines.append("  cached but unusable for this request: " + ", ".join(
+            f"{format_bytes(v)} {k.replace('_', ' ')}" for k, v in unusable.items()))
+    filled = (o.get("filled_by") or {}).get("categories") or {}
+    if filled:
+        lines.append("  filled by: " + ", ".join(f"{c} {format_bytes(b)}" for c, b in
+                                                 sorted(filled.items(), key=lambda kv: -kv[1]) if b))
+    if o.get("shortfall") is not None:
+        lines.append(f"  short by {format_bytes(o['shortfall'])}; empty_cache() would not have helped "
+                     "(torch had released every unsplit cached block)")
+    for t in o.get("settings_tried", []):
+        lines.append(f"  with {t['settings']}: {'would fit' if t['avoids_oom'] else 'still runs out'} "
+                     f"(peak reserved {format_bytes(t['peak_reserved'])})")
+    return lines

@@ -1,0 +1,145 @@
+"""Figures about the allocator's state at one moment (a list of segments as
+DeviceAllocator.segments() gives them): what is cached, how fragmented it is,
+which cached memory could not serve a given request and why, and which
+allocations pin the fragmented segments.
+
+Definitions (docs/allocator.md):
+- cached free: bytes of inactive blocks (reserved − active);
+- external fragmentation: 1 − largest free block ÷ cached free;
+- internal fragmentation: allocated block bytes − requested bytes (rounding
+  and remainders too small to split);
+- unreleasable: free bytes inside segments that also hold live blocks;
+  empty_cache() cannot return them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .attribution import CATEGORIES, Attribution
+from .memory import user_frame
+from .simulator import SMALL_SIZE
+
+__all__ = ["REASONS", "figures", "pinning_blocks", "stranded"]
+
+# Why a cached byte could not serve a request (stranded()).
+REASONS = ("other_device", "other_stream", "other_pool", "too_small", "oversize_rule", "awaiting_other_stream",
+           "usable")
+
+
+def figures(segments: list[dict[str, Any]]) -> dict[str, Any]:
+    reserved = allocated = requested = pending = free = unreleasable = 0
+    largest = 0
+    by_pool: dict[tuple[int, int, str], dict[str, int]] = {}
+    fragmented = 0
+    for s in segments:
+        reserved += s["total_size"]
+        busy = any(b[3] != "inactive" for b in s["blocks"])
+        seg_free = 0
+        key = (s["device"], s["stream"], "large" if s["is_large"] else "small")
+        pool = by_pool.setdefault(key, {"free": 0, "largest_free": 0})
+        for _addr, size, req, state, _tag in s["blocks"]:
+            if state == "allocated":
+                allocated += size
+                requested += req
+            elif state == "pending_free":
+                pending += size
+            else:
+                seg_free += size
+                largest = max(largest, size)
+                pool["free"] += size
+                pool["largest_free"] = max(pool["largest_free"], size)
+        free += seg_free
+        if busy and seg_free:
+            unreleasable += seg_free
+            fragmented += 1
+    return {
+        "segments": len(segments),
+        "reserved": reserved,
+        "allocated": allocated,
+        "requested": requested,
+        "pending_free": pending,
+        "cached_free": free,
+        "largest_free_block": largest,
+        "external_fragmentation": 0.0 if free == 0 else round(1.0 - largest / free, 4),
+        "internal_fragmentation": allocated - requested,
+        "unreleasable_free": unreleasable,
+        "fragmented_segments": fragmented,
+        "pools": [{"device": d, "stream": st, "pool": p} | v for (d, st, p), v in sorted(by_pool.items())],
+    }
+
+
+def stranded(segments: list[dict[str, Any]], *, device: int, stream: int, rounded: int,
+             max_split_size: int) -> dict[str, int]:
+    """Cached bytes that could not serve a request of `rounded` bytes on
+    (device, stream), by reason (REASONS). A block is judged by the first
+    rule it fails, in torch's order."""
+    out = dict.fromkeys(REASONS, 0)
+    small = rounded <= SMALL_SIZE
+    for s in segments:
+        for _addr, size, _req, state, _tag in s["blocks"]:
+            if state == "allocated":
+                continue
+            if state == "pending_free":
+                reason = "awaiting_other_stream"
+            elif s["device"] != device:
+                reason = "other_device"
+            elif s["stream"] != stream:
+                reason = "other_stream"
+            elif (not s["is_large"]) != small:
+                reason = "other_pool"
+            elif size < rounded:
+                reason = "too_small"
+            elif rounded < max_split_size <= size or (rounded >= max_split_size and size >= rounded + 20 * 2**20):
+                reason = "oversize_rule"
+            else:
+                reason = "usable"
+            out[reason] += size
+    return out
+
+
+def pinning_blocks(segments: list[dict[str, Any]], att: Attribution | None, *, top: int = 5,
+                   blocks_per_segment: int = 5) -> list[dict[str, Any]]:
+    """The fragmented segments holding the most free bytes, each with the
+    live blocks that keep it from being released (their category, module and
+    the user's line that allocated them)."""
+    rows_by_start: dict[int, int] = {}
+    pre: dict[int, int] = {}
+    if att is not None:
+        rows_by_start = {int(s): i for i, s in enumerate(att.start.tolist()) if s >= 0}
+        pre = {int(a): i for i, (a, s) in enumerate(zip(att.addr.tolist(), att.start.tolist(), strict=True)) if s < 0}
+    frag = []
+    for s in segments:
+        free = sum(b[1] for b in s["blocks"] if b[3] == "inactive")
+        live = [b for b in s["blocks"] if b[3] != "inactive"]
+        if free and live:
+            frag.append((free, s, live))
+    frag.sort(key=lambda x: -x[0])
+    out = []
+    for free, s, live in frag[:top]:
+        live.sort(key=lambda b: -b[1])
+        pins = []
+        for addr, size, req, state, tag in live[:blocks_per_segment]:
+            pin: dict[str, Any] = {"address": addr, "size": size, "requested": req, "state": state}
+            row = rows_by_start.get(tag) if tag >= 0 else pre.get(addr)
+            if att is not None and row is not None:
+                pin["category"] = CATEGORIES[int(att.category[row])]
+                pin["module"] = att.name(int(att.module[row]))
+                pin["tensor"] = att.name(int(att.label[row]))
+                f = user_frame(att.capture, int(att.stack[row]))
+                pin["site"] = f"{f[0]}:{f[2]} ({f[1]})" if f else None
+            pins.append(pin)
+        out.append({"address": s["address"], "total_size": s["total_size"], "stream": s["stream"],
+                    "pool": "large" if s["is_large"] else "small", "free": free,
+                    "live_blocks": len(live), "pinned_by": pins})
+    return out
+
+
+def downsample_max(values: np.ndarray, points: int) -> list[int]:
+    """values at most `points` long, each the maximum of its slice."""
+    if len(values) <= points:
+        return [int(v) for v in values]
+    edges = np.linspace(0, len(values), points + 1).astype(np.int64)
+    return [int(v) for v in np.maximum.reduceat(values, edges[:-1])]

@@ -1,0 +1,739 @@
+"""A model of PyTorch's CUDA caching allocator (c10 DeviceCachingAllocator),
+one instance per device, that replays requests: allocations with their size
+and stream, frees, completions of cross-stream frees, empty_cache calls and
+memory-fraction changes.
+
+It follows the native allocator's algorithm (../shared/torch_internals.md §3;
+c10/cuda/CUDACachingAllocator.cpp) decision for decision:
+
+- round_size: 512 B steps, or roundup_power2_divisions steps;
+- pools: small (<= 1 MiB) and large, free blocks ordered by (stream, size,
+  address) so a block is only reused on its own stream, best fit first;
+- get_free_block's max_split_size and max_non_split_rounding rules;
+- new segments of 2 MiB (small), large_segment_size (requests < 10 MiB) or
+  the request rounded to 2 MiB; should_split; merging freed neighbours;
+- garbage_collection_threshold (with a memory fraction only), then
+  release_available_cached_blocks (with max_split_size only), then
+  release-and-retry of every unsplit cached block before giving up;
+- expandable segments: one virtual range per stream and pool, mapped in
+  pages (2 MiB small, large_segment_size large) at the lowest address that
+  fits, unmapped page by page on release;
+- a block freed after use on another stream stays unusable until its
+  recorded FREE_COMPLETED (or until a release synchronizes every stream).
+
+Not modelled: private pools of CUDA graph captures (their segments from the
+baseline are kept apart and never reused), FreeCudaMemoryCallbacks, memory
+pools with their own allocator.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+from typing import Any, Callable
+
+from .allocator_config import SIZE_MAX, AllocatorConfig, MiB
+
+__all__ = ["Block", "DeviceAllocator", "Segment", "SegmentEvent", "round_size"]
+
+MIN_BLOCK = 512
+SMALL_SIZE = MiB
+SMALL_BUFFER = 2 * MiB
+MIN_LARGE_ALLOC = 10 * MiB
+ROUND_LARGE = 2 * MiB
+
+# Free blocks of a pool and stream are kept as one sorted list of int keys
+# (size << 64 | address): the order of torch's BlockComparatorSize.
+_SHIFT = 64
+_MASK = (1 << _SHIFT) - 1
+
+SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP = "segment_alloc", "segment_free", "segment_map", "segment_unmap"
+
+
+@dataclasses.dataclass(frozen=True)
+class SegmentEvent:
+    """What the allocator did to device memory (the trace's SEGMENT_* entries)."""
+
+    kind: str
+    addr: int
+    size: int
+    stream: int
+    request: int  # index of the replayed request (capture event) that caused it
+
+
+def _next_division(size: int, divisions: int) -> int:
+    if size <= 4 or divisions <= 1 or size & (size - 1) == 0:
+        return size
+    floor2 = 1 << (size.bit_length() - 1)
+    step = floor2 >> (divisions.bit_length() - 1)
+    if step == 0:
+        return floor2 << 1
+    low = size & ~(step - 1)
+    return size if low == size else low + step
+
+
+def round_size(size: int, divisions: tuple[int, ...]) -> int:
+    """The block size a request of `size` bytes is rounded to."""
+    if size < MIN_BLOCK:
+        return MIN_BLOCK
+    d = divisions[min(max(size.bit_length() - 21, 0), len(divisions) - 1)] if divisions else 0
+    if d > 1 and size > MIN_BLOCK * d:
+        return _next_division(size, d)
+    return (size + MIN_BLOCK - 1) // MIN_BLOCK * MIN_BLOCK
+
+
+class Segment:
+    """A cudaMalloc'd segment, or an expandable segment's virtual range."""
+
+    __slots__ = ("addr", "size", "stream", "small", "expandable", "page", "pages", "pool_id")
+
+    def __init__(self, addr: int, size: int, stream: int, small: bool, expandable: bool = False, page: int = 0,
+                 pool_id: tuple[int, int] = (0, 0)):
+        self.addr, self.size, self.stream, self.small = addr, size, stream, small
+        self.expandable, self.page = expandable, page
+        self.pages: list[bool] = []  # expandable: which pages are mapped
+        self.pool_id = pool_id
+
+
+class Block:
+    """A piece of a segment: allocated, pending (freed, awaiting another
+    stream), free (in its pool), or unmapped (expandable address space)."""
+
+    __slots__ = ("addr", "size", "stream", "pool", "seg", "prev", "next", "allocated", "pending", "requested",
+                 "mapped", "gc_base", "tag")
+
+    def __init__(self, addr: int, size: int, stream: int, pool: "_Pool", seg: Segment, mapped: bool = True):
+        self.addr, self.size, self.stream, self.pool, self.seg = addr, size, stream, pool, seg
+        self.prev: Block | None = None
+        self.next: Block | None = None
+        self.allocated = False
+        self.pending = False
+        self.requested = 0
+        self.mapped = mapped
+        self.gc_base = 0
+        self.tag = -1  # the capture event that allocated it
+
+    @property
+    def is_split(self) -> bool:
+        return self.prev is not None or self.next is not None
+
+    @property
+    def state(self) -> str:
+        if self.allocated:
+            return "allocated"
+        return "pending_free" if self.pending else "inactive"
+
+
+class _Pool:
+    __slots__ = ("small", "private", "free", "unmapped", "calls")
+
+    def __init__(self, small: bool, private: bool = False):
+        self.small = small
+        self.private = private
+        self.free: dict[int, list[int]] = {}  # stream -> sorted keys of free mapped blocks
+        self.unmapped: dict[int, list[int]] = {}  # stream -> sorted addresses of unmapped blocks
+        self.calls = 0  # get_free_blocks_call_count (garbage collection ages)
+
+
+# Where new segments go: (kind, size) -> address. The replay asks the
+# recording first so that a faithful replay lands on the recorded addresses.
+AddressSource = Callable[[str, int], int]
+
+
+class DeviceAllocator:
+    """One device's caching allocator. Replay drives it; its state is
+    readable at any point (segments(), stats)."""
+
+    def __init__(self, config: AllocatorConfig, *, device: int = 0, total: int = 0, capacity: int | None = None,
+                 addresses: AddressSource | None = None):
+        self.config = config
+        self.device = device
+        self.total = total  # the device's memory (cudaMemGetInfo total)
+        self.capacity = capacity  # bytes cudaMalloc can give this allocator (None: unlimited)
+        self.allowed: int | None = None  # set_per_process_memory_fraction's limit
+        self._addresses = addresses or _BumpAddresses(1 << 40)
+        self.small, self.large = _Pool(True), _Pool(False)
+        self.private: dict[tuple[int, int], tuple[_Pool, _Pool]] = {}
+        self.blocks: dict[int, Block] = {}  # mapped blocks by address
+        self.unmapped: dict[int, Block] = {}
+        self.pending: list[Block] = []
+        self.events: list[SegmentEvent] = []
+        self.request = -1  # the capture event being replayed
+        self.force = False  # replaying an allocation that succeeded when recorded: never fail it
+        self.reserved = self.allocated = self.requested = self.active = 0
+        self.peak_reserved = self.peak_allocated = 0
+        self.num_alloc_retries = self.num_ooms = self.num_device_alloc = self.num_device_free = 0
+        self.num_gc_runs = 0
+        self._divisions = config.roundup_power2_divisions
+
+    # ---- settings
+
+    def set_fraction(self, fraction: float) -> None:
+        self.allowed = int(fraction * self.total)
+
+    @property
+    def _gc_active(self) -> bool:
+        return self.allowed is not None and self.config.garbage_collection_threshold > 0
+
+    # ---- the public operations (torch's malloc / free / emptyCache)
+
+    def malloc(self, orig_size: int, stream: int) -> Block | None:
+        """Allocates like DeviceCachingAllocator::malloc; None where it throws
+        OutOfMemoryError (unless self.force)."""
+        size = round_size(orig_size, self._divisions)
+        pool = self.small if size <= SMALL_SIZE else self.large
+        alloc_size = self._allocation_size(size)
+        block = self._get_free_block(pool, stream, size)
+        if block is None:
+            if self._gc_active:
+                self._garbage_collect()
+            block = self._alloc_block(pool, stream, size, alloc_size, False)
+            if block is None and self._release_available_cached_blocks(pool, stream, size):
+                block = self._alloc_block(pool, stream, size, alloc_size, False)
+            if block is None:
+                self._release_cached_blocks()
+                block = self._alloc_block(pool, stream, size, alloc_size, True)
+            if block is None:
+                self.num_ooms += 1
+                if not self.force:
+                    return None
+                capacity, allowed = self.capacity, self.allowed
+                self.capacity = self.allowed = None
+                try:
+                    block = self._alloc_block(pool, stream, size, alloc_size, False)
+                finally:
+                    self.capacity, self.allowed = capacity, allowed
+                assert block is not None
+        return self._alloc_found_block(block, size, orig_size, stream, self._should_split(block, size))
+
+    def free(self, block: Block, deferred: bool = False) -> None:
+        """torch's free(): deferred when the block was used on other streams
+        (it becomes reusable at complete())."""
+        block.allocated = False
+        self.allocated -= block.size
+        if deferred:
+            block.pending = True
+            self.pending.append(block)
+        else:
+            self._free_block(block)
+
+    def complete(self, block: Block) -> None:
+        """A deferred free's events completed (FREE_COMPLETED)."""
+        if block.pending:
+            self.pending.remove(block)
+            self._free_block(block)
+
+    def empty_cache(self) -> None:
+        self._release_cached_blocks()
+
+    # ---- sizes
+
+    def _allocation_size(self, size: int) -> int:
+        if size <= SMALL_SIZE:
+            return SMALL_BUFFER
+        if size < MIN_LARGE_ALLOC:
+            return self.config.large_segment_size
+        return (size + ROUND_LARGE - 1) // ROUND_LARGE * ROUND_LARGE
+
+    def _should_split(self, block: Block, size: int) -> bool:
+        remaining = block.size - size
+        if block.pool.small or self.config.expandable_segments:
+            return remaining >= MIN_BLOCK
+        return size < self.config.max_split_size and remaining > SMALL_SIZE
+
+    # ---- the free lists
+
+    def _insert_free(self, block: Block) -> None:
+        block.gc_base = block.pool.calls
+        lst = block.pool.free.get(block.stream)
+        if lst is None:
+            lst = block.pool.free[block.stream] = []
+        bisect.insort(lst, block.size << _SHIFT | block.addr)
+
+    def _remove_free(self, block: Block) -> None:
+        lst = block.pool.free[block.stream]
+        key = block.size << _SHIFT | block.addr
+        i = bisect.bisect_left(lst, key)
+        assert lst[i] == key, "free list out of sync"
+        del lst[i]
+
+    def _insert_unmapped(self, block: Block) -> None:
+        self.unmapped[block.addr] = block
+        bisect.insort(block.pool.unmapped.setdefault(block.stream, []), block.addr)
+
+    def _remove_unmapped(self, block: Block) -> None:
+        del self.unmapped[block.addr]
+        lst = block.pool.unmapped[block.stream]
+        del lst[bisect.bisect_left(lst, block.addr)]
+
+    @staticmethod
+    def _expandable_size(b: Block) -> int:
+        nxt = b.next
+        return b.size + (nxt.size if nxt is not None and not nxt.mapped else 0)
+
+    def _get_free_block(self, pool: _Pool, stream: int, size: int) -> Block | None:
+        if self._gc_active:
+            pool.calls += 1
+        lst = pool.free.get(stream)
+        if not lst:
+            return None
+        i = bisect.bisect_left(lst, size << _SHIFT)
+        if i == len(lst):
+            return None
+        blocks = self.blocks
+        b = blocks[lst[i] & _MASK]
+        if b.seg.expandable:
+            if self.config.expandable_segments:
+                # Best fit counts what an expandable block can grow to.
+                while b.seg.expandable and i + 1 < len(lst):
+                    nb = blocks[lst[i + 1] & _MASK]
+                    if self._expandable_size(nb) >= self._expandable_size(b):
+                        break
+                    i, b = i + 1, nb
+            else:
+                i += 1
+                while i < len(lst) and blocks[lst[i] & _MASK].seg.expandable:
+                    i += 1
+                if i == len(lst):
+                    return None
+                b = blocks[lst[i] & _MASK]
+        cfg = self.config
+        if size < cfg.max_split_size and b.size >= cfg.max_split_size:
+            return None
+        if size >= cfg.max_split_size and b.size >= size + cfg.max_non_split_rounding_size:
+            return None
+        del lst[i]
+        return b
+
+    # ---- allocating and freeing blocks
+
+    def _alloc_found_block(self, block: Block, size: int, orig_size: int, stream: int, split: bool) -> Block:
+        if split:
+            rest = block
+            block = Block(rest.addr, size, stream, rest.pool, rest.seg)
+            block.prev = rest.prev
+            if block.prev is not None:
+                block.prev.next = block
+            block.next = rest
+            rest.prev = block
+            rest.addr += size
+            rest.size -= size
+            self.blocks[block.addr] = block
+            self.blocks[rest.addr] = rest
+            self._insert_free(rest)
+        block.allocated = True
+        block.requested = orig_size
+        block.tag = self.request
+        self.allocated += block.size
+        self.requested += orig_size
+        self.active += block.size
+        if self.allocated > self.peak_allocated:
+            self.peak_allocated = self.allocated
+        return block
+
+    def _free_block(self, block: Block) -> None:
+        block.pending = False
+        self.active -= block.size
+        self.requested -= block.requested
+        block.requested = 0
+        block.tag = -1
+        old = block.addr
+        self._merge(block, block.prev)
+        self._merge(block, block.next)
+        if block.addr != old:
+            del self.blocks[old]
+        self.blocks[block.addr] = block
+        self._insert_free(block)
+
+    def _merge(self, dst: Block, src: Block | None) -> int:
+        """torch's try_merge_blocks: dst absorbs a free neighbour src."""
+        if src is None or src.allocated or src.pending or dst.mapped != src.mapped:
+            return 0
+        if src.mapped:
+            self._remove_free(src)
+            del self.blocks[src.addr]
+        else:
+            self._remove_unmapped(src)
+        if dst.prev is src:
+            dst.addr = src.addr
+            dst.prev = src.prev
+            if dst.prev is not None:
+                dst.prev.next = dst
+        else:
+            dst.next = src.next
+            if dst.next is not None:
+                dst.next.prev = dst
+        dst.size += src.size
+        return src.size
+
+    def _emit(self, kind: str, addr: int, size: int, stream: int) -> None:
+        self.events.append(SegmentEvent(kind, addr, size, stream, self.request))
+
+    def _fits(self, size: int) -> bool:
+        return self.capacity is None or self.reserved + size <= self.capacity
+
+    def _grow(self, size: int) -> None:
+        self.reserved += size
+        self.num_device_alloc += 1
+        if self.reserved > self.peak_reserved:
+            self.peak_reserved = self.reserved
+
+    def _alloc_block(self, pool: _Pool, stream: int, size: int, alloc_size: int, retry: bool) -> Block | None:
+        if retry:
+            self.num_alloc_retries += 1
+        if self.allowed is not None and self.reserved + alloc_size > self.allowed:
+            return None
+        if self.config.expandable_segments and not pool.private:
+            return self._alloc_expandable(pool, stream, size)
+        if not self._fits(alloc_size):
+            return None  # cudaMalloc fails
+        addr = self._addresses(SEGMENT_ALLOC, alloc_size)
+        seg = Segment(addr, alloc_size, stream, pool.small)
+        block = Block(addr, alloc_size, stream, pool, seg)
+        self.blocks[addr] = block
+        self._grow(alloc_size)
+        self._emit(SEGMENT_ALLOC, addr, alloc_size, stream)
+        return block
+
+    def _release_block(self, block: Block) -> None:
+        self._emit(SEGMENT_FREE, block.addr, block.size, block.stream)
+        self.num_device_free += 1
+        self.reserved -= block.size
+        self._remove_free(block)
+        del self.blocks[block.addr]
+
+    def _release_available_cached_blocks(self, pool: _Pool, stream: int, size: int) -> bool:
+        max_split = self.config.max_split_size
+        if max_split == SIZE_MAX:
+            return False
+        key_size = max(size, max_split)
+        lst = pool.free.get(stream) or []
+        i = bisect.bisect_left(lst, key_size << _SHIFT)
+        if i == len(lst):
+            # No single block is large enough: free oversize blocks, largest first.
+            released, j = 0, i - 1
+            while released < key_size and j >= 0 and (lst[j] >> _SHIFT) >= max_split:
+                b = self.blocks[lst[j] & _MASK]
+                if b.seg.expandable:
+                    break
+                released += b.size
+                self._release_block(b)
+                j -= 1
+            return released >= key_size
+        b = self.blocks[lst[i] & _MASK]
+        if b.seg.expandable:
+            return False
+        self._release_block(b)
+        return True
+
+    def _synchronize_and_free_events(self) -> None:
+        pending, self.pending = self.pending, []
+        for b in pending:
+            self._free_block(b)
+
+    def _release_cached_blocks(self) -> None:
+        self._synchronize_and_free_events()
+        self._release_blocks(self.large)
+        self._release_blocks(self.small)
+
+    def _free_in_order(self, pool: _Pool) -> list[Block]:
+        """The pool's free blocks in torch's set order: (stream, size, address)."""
+        return [self.blocks[k & _MASK] for s in sorted(pool.free) for k in pool.free[s]]
+
+    def _release_blocks(self, pool: _Pool) -> None:
+        to_unmap = []
+        for b in self._free_in_order(pool):
+            if b.seg.expandable:
+                to_unmap.append(b)
+            elif not b.is_split:
+                self._release_block(b)
+        for b in to_unmap:
+            self._unmap_block(b)
+            if not b.mapped and not b.is_split:
+                self._remove_unmapped(b)  # the whole range is unmapped: drop it (no trace event)
+
+    def _garbage_collect(self) -> None:
+        threshold = int(self.config.garbage_collection_threshold * (self.allowed or 0))
+        if self.reserved <= threshold:
+            return
+        self.num_gc_runs += 1
+        target = self.reserved - threshold
+        calls = self.large.calls
+
+        def candidates() -> list[Block]:
+            return [b for b in self._free_in_order(self.large) if not b.is_split and not b.seg.expandable]
+
+        blocks = candidates()
+        if not blocks:
+            return
+        total_age = float(sum(calls - b.gc_base for b in blocks))
+        count = len(blocks)
+        reclaimed, freed = 0, True
+        while reclaimed < target and freed and count > 0:
+            age_threshold = total_age / count
+            freed = False
+            for b in candidates():
+                age = calls - b.gc_base
+                if age >= age_threshold:
+                    freed = True
+                    reclaimed += b.size
+                    total_age -= age
+                    count -= 1
+                    self._release_block(b)
+
+    # ---- expandable segments
+
+    def _alloc_expandable(self, pool: _Pool, stream: int, size: int) -> Block | None:
+        c = self._find_expandable_block(pool, stream, size)
+        if not c.mapped and not self._map_block(c, min(c.size, size)):
+            return None
+        while c.size < size:
+            nxt = c.next
+            assert nxt is not None
+            if not self._map_block(nxt, min(size - c.size, nxt.size)):
+                return None
+            c = nxt  # it absorbed c
+        self._remove_free(c)
+        return c
+
+    @staticmethod
+    def _allocatable(b: Block | None) -> bool:
+        return b is not None and not b.allocated and not b.pending
+
+    def _find_expandable_block(self, pool: _Pool, stream: int, size: int) -> Block:
+        def room(b: Block | None) -> bool:
+            total = 0
+            while total < size and self._allocatable(b):
+                assert b is not None
+                total += b.size
+                b = b.next
+            return total >= size
+
+        for addr in list(pool.unmapped.get(stream, ())):
+            c = self.unmapped[addr]
+            if self._allocatable(c.prev):
+                c = c.prev  # a free mapped block right before it counts too
+            if room(c):
+                return c
+        page = SMALL_BUFFER if pool.small else self.config.large_segment_size
+        total = self.total or (1 << 40)
+        pages = -(-(total + total // 8) // page)
+        addr = self._addresses(SEGMENT_MAP, pages * page)
+        seg = Segment(addr, pages * page, stream, pool.small, True, page)
+        c = Block(addr, pages * page, stream, pool, seg, mapped=False)
+        self._insert_unmapped(c)
+        return c
+
+    def _map_block(self, block: Block, size: int) -> bool:
+        seg = block.seg
+        page = seg.page
+        begin = (block.addr - seg.addr) // page
+        end = -(-(block.addr + size - seg.addr) // page)
+        mapped = (end - begin) * page
+        if mapped == 0 or not self._fits(mapped):
+            return False  # cuMemCreate fails
+        if len(seg.pages) < end:
+            seg.pages.extend([False] * (end - len(seg.pages)))
+        for i in range(begin, end):
+            seg.pages[i] = True
+        self._remove_unmapped(block)
+        block.mapped = True
+        if mapped < block.size:
+            rest = Block(block.addr + mapped, block.size - mapped, block.stream, block.pool, seg, mapped=False)
+            rest.prev, rest.next = block, block.next
+            if block.next is not None:
+                block.next.prev = rest
+            block.next = rest
+            self._insert_unmapped(rest)
+            block.size = mapped
+        start = block.addr
+        self._merge(block, block.prev)
+        self._merge(block, block.next)
+        self.blocks[block.addr] = block
+        self._insert_free(block)
+        self._grow(mapped)
+        self._emit(SEGMENT_MAP, start, mapped, block.stream)
+        return True
+
+    def _unmap_block(self, block: Block) -> None:
+        seg = block.seg
+        page = seg.page
+        begin = -(-(block.addr - seg.addr) // page)
+        end = (block.addr + block.size - seg.addr) // page
+        if begin >= end:
+            return
+        for i in range(begin, end):
+            seg.pages[i] = False
+        while seg.pages and not seg.pages[-1]:
+            seg.pages.pop()
+        self._remove_free(block)
+        del self.blocks[block.addr]
+        u_addr, u_size = seg.addr + begin * page, (end - begin) * page
+        before = u_addr - block.addr
+        if before > 0:
+            bf = Block(block.addr, before, block.stream, block.pool, seg)
+            bf.prev, bf.next = block.prev, block
+            if block.prev is not None:
+                block.prev.next = bf
+            block.prev = bf
+            self.blocks[bf.addr] = bf
+            self._insert_free(bf)
+        after = block.size - before - u_size
+        if after > 0:
+            af = Block(u_addr + u_size, after, block.stream, block.pool, seg)
+            af.prev, af.next = block, block.next
+            if block.next is not None:
+                block.next.prev = af
+            block.next = af
+            self.blocks[af.addr] = af
+            self._insert_free(af)
+        block.addr, block.size, block.mapped = u_addr, u_size, False
+        self._merge(block, block.prev)
+        self._merge(block, block.next)
+        self._insert_unmapped(block)
+        self.reserved -= u_size
+        self.num_device_free += 1
+        self._emit(SEGMENT_UNMAP, u_addr, u_size, block.stream)
+
+    # ---- state
+
+    def largest_free(self) -> int:
+        """The largest cached free block (any pool, any stream)."""
+        best = 0
+        for pool in (self.small, self.large):
+            for lst in pool.free.values():
+                if lst:
+                    best = max(best, lst[-1] >> _SHIFT)
+        return best
+
+    def free_blocks(self) -> list[Block]:
+        return [b for b in self.blocks.values() if not b.allocated and not b.pending]
+
+    def segments(self) -> list[dict[str, Any]]:
+        """The allocator's state as torch's snapshot shows it: one entry per
+        segment (per mapped range of an expandable segment), in address
+        order, with its blocks in address order."""
+        by_seg: dict[int, list[Block]] = {}
+        for b in self.blocks.values():
+            by_seg.setdefault(id(b.seg), []).append(b)
+        out = []
+        for blocks in by_seg.values():
+            blocks.sort(key=lambda b: b.addr)
+            seg = blocks[0].seg
+            run: list[Block] = []
+            for b in blocks:
+                if run and (run[-1].addr + run[-1].size != b.addr):
+                    out.append(_segment_json(self.device, seg, run))
+                    run = []
+                run.append(b)
+            out.append(_segment_json(self.device, seg, run))
+        out.sort(key=lambda s: s["address"])
+        return out
+
+    # ---- loading a baseline
+
+    def load_segments(self, segments: list[dict[str, Any]]) -> dict[int, Block]:
+        """Sets the state from a baseline's segments (docs/format.md,
+        BASELINE); returns the allocated blocks by address."""
+        live: dict[int, Block] = {}
+        expandable: dict[tuple[int, bool], list[dict[str, Any]]] = {}
+        for s in sorted(segments, key=lambda s: int(s["address"])):
+            if s.get("is_expandable"):
+                expandable.setdefault((int(s["stream"]), not s["is_large"]), []).append(s)
+                continue
+            pool = self._pool_for(s)
+            seg = Segment(int(s["address"]), int(s["total_size"]), int(s["stream"]), pool.small,
+                          pool_id=tuple(s.get("pool") or (0, 0)))  # type: ignore[arg-type]
+            self._load_blocks(s, seg, pool, live, None)
+        for (stream, small), ranges in expandable.items():
+            pool = self.small if small else self.large
+            page = SMALL_BUFFER if small else self.config.large_segment_size
+            total = self.total or (1 << 40)
+            va = -(-(total + total // 8) // page) * page
+            seg: Segment | None = None
+            tail: Block | None = None
+            for s in ranges:
+                addr = int(s["address"])
+                if seg is None or addr >= seg.addr + seg.size:
+                    self._close_expandable(seg, tail)
+                    seg, tail = Segment(addr, va, stream, small, True, page), None
+                if tail is not None and tail.addr + tail.size < addr:  # an unmapped gap
+                    gap = Block(tail.addr + tail.size, addr - tail.addr - tail.size, stream, pool, seg, False)
+                    gap.prev, tail.next = tail, gap
+                    self._insert_unmapped(gap)
+                    tail = gap
+                first_page = (addr - seg.addr) // page
+                n = int(s["total_size"]) // page
+                seg.pages.extend([False] * (first_page + n - len(seg.pages)))
+                for i in range(first_page, first_page + n):
+                    seg.pages[i] = True
+                tail = self._load_blocks(s, seg, pool, live, tail)
+            self._close_expandable(seg, tail)
+        return live
+
+    def _close_expandable(self, seg: Segment | None, tail: Block | None) -> None:
+        if seg is None or tail is None:
+            return
+        end = tail.addr + tail.size
+        if end < seg.addr + seg.size:
+            rest = Block(end, seg.addr + seg.size - end, tail.stream, tail.pool, seg, False)
+            rest.prev, tail.next = tail, rest
+            self._insert_unmapped(rest)
+
+    def _pool_for(self, s: dict[str, Any]) -> _Pool:
+        pool_id = tuple(int(x) for x in (s.get("pool") or (0, 0)))
+        small = not s["is_large"]
+        if pool_id == (0, 0):
+            return self.small if small else self.large
+        pools = self.private.setdefault(pool_id, (_Pool(True, True), _Pool(False, True)))  # type: ignore[index]
+        return pools[0] if small else pools[1]
+
+    def _load_blocks(self, s: dict[str, Any], seg: Segment, pool: _Pool, live: dict[int, Block],
+                     prev: Block | None) -> Block | None:
+        addr = int(s["address"])
+        stream = int(s["stream"])
+        for size, requested, allocated, active in s["blocks"]:
+            b = Block(addr, int(size), stream, pool, seg)
+            b.prev = prev
+            if prev is not None:
+                prev.next = b
+            self.blocks[addr] = b
+            if allocated or active:
+                b.allocated = bool(allocated)
+                b.pending = not allocated
+                b.requested = int(requested)
+                self.active += b.size
+                self.requested += b.requested
+                if allocated:
+                    self.allocated += b.size
+                    live[addr] = b
+                else:
+                    self.pending.append(b)
+            else:
+                self._insert_free(b)
+            prev = b
+            addr += b.size
+        self.reserved += int(s["total_size"])
+        self.peak_reserved = max(self.peak_reserved, self.reserved)
+        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        return prev
+
+
+def _segment_json(device: int, seg: Segment, run: list[Block]) -> dict[str, Any]:
+    return {
+        "device": device, "address": run[0].addr, "total_size": sum(b.size for b in run), "stream": seg.stream,
+        "is_large": not seg.small, "is_expandable": seg.expandable, "pool": list(seg.pool_id),
+        "blocks": [[b.addr, b.size, b.requested, b.state, b.tag] for b in run],
+    }
+
+
+class _BumpAddresses:
+    """Fresh, non-overlapping addresses for segments no recording placed."""
+
+    def __init__(self, start: int):
+        self.next = start
+
+    def __call__(self, kind: str, size: int) -> int:
+        addr = self.next
+        self.next += (size + ROUND_LARGE - 1) // ROUND_LARGE * ROUND_LARGE + ROUND_LARGE
+        return addr
