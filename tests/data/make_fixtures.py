@@ -12,6 +12,13 @@ reader is shown to keep reading version 1.
 cpu_watch_v1.alsc and cuda_watch_v1.alsc (GPU only): the same training with
 the model and optimizer watched (allocscope.watch), a mark after each forward
 and each step, for the attribution tests (tests/unit/test_watch_fixtures.py).
+
+With --allocator (GPU only): the caching-allocator workloads of
+tests/scripts/allocator_workloads.py, for the replay tests
+(tests/unit/test_allocator_fixtures.py): cuda_fragment_v1.alsc (growing
+sequence lengths, default settings), cuda_fragment_expandable_v1.alsc (the
+same with expandable_segments:True) and cuda_oom_v1.alsc (runs out of memory
+under a memory fraction).
 """
 
 import os
@@ -55,8 +62,27 @@ def train_watched(path: str, device: str) -> None:
             opt.zero_grad()
 
 
+def allocator_fixtures() -> None:
+    import subprocess
+    import sys
+
+    script = os.path.join(HERE, "..", "scripts", "allocator_workloads.py")
+    runs = [("fragment", "cuda_fragment_v1.alsc", ""), ("fragment", "cuda_fragment_expandable_v1.alsc",
+                                                           "expandable_segments:True"), ("oom", "cuda_oom_v1.alsc", "")]
+    for workload, name, conf in runs:
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")}
+        if conf:
+            env["PYTORCH_CUDA_ALLOC_CONF"] = conf
+        subprocess.run([sys.executable, script, workload, os.path.join(HERE, name)], env=env, check=True)
+
+
 if __name__ == "__main__":
     import sys
+
+    if "--allocator" in sys.argv:
+        if torch.cuda.is_available():
+            allocator_fixtures()
+        sys.exit(0)
 
     only_watched = "--watched" in sys.argv  # keep the version-1 fixtures the reader tests pin
     if not only_watched:

@@ -277,6 +277,6 @@ def test_forced_replay_keeps_going_past_the_limit():
 
 
 def test_default_config_describes_itself():
-    assert AllocatorConfig().describe() == "(defaults)"
+    assert AllocatorConfig().describe() == "defaults"
     assert parse_alloc_conf("expandable_segments:True,max_split_size_mb:128").describe() == \
         "expandable_segments:True,max_split_size_mb:128"

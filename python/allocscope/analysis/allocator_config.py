@@ -66,7 +66,7 @@ class AllocatorConfig:
                 parts.append(f"roundup_power2_divisions:[{items}]")
         if self.per_process_memory_fraction is not None:
             parts.append(f"per_process_memory_fraction:{self.per_process_memory_fraction:g}")
-        return ",".join(parts) or "(defaults)"
+        return ",".join(parts) or "defaults"
 
 
 def _tokens(text: str) -> list[str]:

@@ -21,7 +21,7 @@ from .allocator_config import AllocatorConfig, recorded_config
 from .simulator import (SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP, Block, DeviceAllocator,
                         SegmentEvent, _BumpAddresses, round_size)
 
-__all__ = ["Fidelity", "NotACudaCapture", "OomRecord", "Replay", "compare_snapshot", "recorded_reserved", "replay"]
+__all__ = ["Fidelity", "NotACudaCapture", "OomRecord", "Replay", "compare_snapshot", "recorded_reserved", "replay", "request_at"]
 
 _KIND_NAMES = {int(EventKind.SEGMENT_ALLOC): SEGMENT_ALLOC, int(EventKind.SEGMENT_FREE): SEGMENT_FREE,
                int(EventKind.SEGMENT_MAP): SEGMENT_MAP, int(EventKind.SEGMENT_UNMAP): SEGMENT_UNMAP}
@@ -107,6 +107,23 @@ class Replay:
     def stats(self) -> dict[str, int]:
         keys = ("num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free", "num_gc_runs")
         return {k: sum(getattr(d, k) for d in self.devices.values()) for k in keys}
+
+
+def _segments(baseline: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """A baseline's segments with every field the replay reads (hand-made
+    or older baselines may leave some out)."""
+    out = []
+    for s in (baseline or {}).get("segments") or ():
+        total = int(s["total_size"])
+        blocks = s.get("blocks")
+        if blocks is None:
+            blocks = [[total, int(s.get("requested_size", 0)), bool(s.get("allocated_size")),
+                       bool(s.get("active_size"))]]
+        out.append({"device": int(s.get("device", 0)), "address": int(s["address"]), "total_size": total,
+                    "stream": int(s.get("stream", 0)), "is_large": bool(s.get("is_large", total != 2 << 20)),
+                    "is_expandable": bool(s.get("is_expandable", False)), "pool": list(s.get("pool") or (0, 0)),
+                    "blocks": blocks})
+    return out
 
 
 def _device_info(base: dict[str, Any] | None, metadata: dict[str, Any]) -> dict[int, dict[str, Any]]:
@@ -206,7 +223,7 @@ def replay(cap: Capture, config: AllocatorConfig | None = None, *, limit: int | 
 
     # Recorded reserved bytes per device over time: where a recorded OOM
     # says how much the device had free, that bounds what cudaMalloc could get.
-    seg_segments = (base or {}).get("segments") or ()
+    seg_segments = _segments(base)
     high = max([int(s["address"]) + int(s["total_size"]) for s in seg_segments]
                + [int(a) + int(s) for a, s in zip(ev.addr[seg_idx].tolist(), ev.size[seg_idx].tolist(), strict=True)]
                + [0])
@@ -391,7 +408,7 @@ def replay(cap: Capture, config: AllocatorConfig | None = None, *, limit: int | 
             simulated_segment_events=sum(len(dev.events) for dev in devices.values()),
             matched=sum(c.j for c in checkers), first_mismatch=mismatch, allocations=allocs,
             address_mismatches=address_mismatches,
-            end_snapshot=compare_snapshot(snapshot(), end.get("segments") or []) if end else None)
+            end_snapshot=compare_snapshot(snapshot(), _segments(end)) if end else None)
     return Replay(cfg, faithful, limit, devices, reserved, allocated, active, largest, ooms, avoided, states,
                   fidelity, warnings)
 
@@ -412,6 +429,16 @@ def recorded_reserved(cap: Capture, device: int | None = None) -> np.ndarray:
     out[0] = sum(int(s["total_size"]) for s in segs)
     out[1:] = out[0] + np.cumsum(sign * ev.size.astype(np.int64))
     return out
+
+
+def request_at(cap: Capture, e: int) -> int:
+    """The event whose replay produced event e: a recorded segment event
+    belongs to the allocation (or OOM) after it; any other event to itself."""
+    ev = cap.events
+    if e < 0 or not (EventKind.SEGMENT_ALLOC <= int(ev.kind[e]) <= EventKind.SEGMENT_UNMAP):
+        return e
+    later = np.flatnonzero((ev.kind[e:] == EventKind.ALLOC) | (ev.kind[e:] == EventKind.OOM))
+    return e + int(later[0]) if len(later) else e
 
 
 def _oom(dev: DeviceAllocator, i: int, size: int, st: int, stream: int, recorded: bool,

@@ -11,7 +11,7 @@ from .._format import EventKind
 from ..reader import Capture
 from .attribution import Attribution, attribute
 from .memory import Timeline, category_timeline, iterations, moment, sites, timeline
-from .replay import replay
+from .replay import replay, request_at
 from .theory import theory, waterfall
 from .whatif import allocator_section, oom_section
 
@@ -73,8 +73,12 @@ def build_report(cap: Capture, *, at: str | None = None, top: int = 20) -> dict[
     if att.device_type == "cuda":
         # The allocator's side: its state replayed at the peak of reserved
         # memory, and the post-mortem of an OOM (docs/allocator.md).
-        at = tl.peak("reserved")
-        rep = replay(cap, states_at=[at])
+        at = request_at(cap, tl.peak("reserved"))
+        try:
+            rep = replay(cap, states_at=[at])
+        except (KeyError, TypeError, ValueError) as e:  # a baseline this replay cannot read
+            out["warnings"].append(f"the allocator could not be replayed: {type(e).__name__}: {e}")
+            return out
         out["allocator"] = allocator_section(cap, att, rep, at=at, top=top)
         oom = oom_section(cap, att, rep, top=top)
         if oom is not None:

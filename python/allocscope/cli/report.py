@@ -133,7 +133,7 @@ def render(r: dict[str, Any], top: int = 10) -> str:
 def _allocator_lines(a: dict[str, Any] | None, top: int) -> list[str]:
     if not a:
         return []
-    lines = ["", f"Allocator ({a['settings']}), at the peak of reserved memory (event {a['state_at']}):"]
+    lines = ["", f"Allocator (settings: {a['settings']}), at the peak of reserved memory (event {a['state_at']}):"]
     st = a.get("state")
     if st:
         lines += _table([

@@ -1,0 +1,65 @@
+"""The caching-allocator model against the real allocator (marked `cuda`:
+skipped where there is no GPU): real workloads are recorded, then replayed.
+Each runs in its own process so that PYTORCH_CUDA_ALLOC_CONF applies from
+CUDA's initialization."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import allocscope
+from allocscope.analysis.allocator_config import parse_alloc_conf
+from allocscope.analysis.replay import recorded_reserved, replay
+from allocscope.analysis.report import build_report
+
+from ..conftest import ROOT
+
+pytestmark = pytest.mark.cuda
+
+SCRIPT = os.path.join(ROOT, "tests", "scripts", "allocator_workloads.py")
+
+
+def record(tmp_path, workload, conf=""):
+    path = tmp_path / f"{workload}{'-' + conf.split(':')[0] if conf else ''}.alsc"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")}
+    if conf:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = conf
+    out = subprocess.run([sys.executable, SCRIPT, workload, str(path)], env=env, check=True, capture_output=True,
+                         text=True)
+    return allocscope.load(path), int(out.stdout.split()[-1])
+
+
+def assert_exact(cap):
+    rep = replay(cap)
+    f = rep.fidelity
+    assert f.first_mismatch is None, f.first_mismatch
+    assert f.matched == f.recorded_segment_events > 0
+    assert f.address_mismatches == 0
+    assert f.end_snapshot["equal"], f.end_snapshot
+    return rep
+
+
+@pytest.mark.parametrize("conf", ["", "expandable_segments:True"])
+def test_replay_of_a_fragmenting_workload_is_exact(tmp_path, conf):
+    cap, max_reserved = record(tmp_path, "fragment", conf)
+    rep = assert_exact(cap)
+    assert rep.peak_reserved == int(recorded_reserved(cap).max()) == max_reserved
+
+
+def test_expandable_segments_prediction_within_2_percent(tmp_path):
+    default, _ = record(tmp_path, "fragment")
+    _, measured = record(tmp_path, "fragment", "expandable_segments:True")
+    predicted = replay(default, parse_alloc_conf("expandable_segments:True")).peak_reserved
+    assert abs(predicted - measured) <= 0.02 * measured, (predicted, measured)
+
+
+def test_oom_is_reproduced_and_explained(tmp_path):
+    cap, _ = record(tmp_path, "oom")
+    rep = assert_exact(cap)
+    assert [o.recorded for o in rep.ooms] == [True]
+    oom = build_report(cap)["oom"]
+    assert oom["reproduced_by_replay"]
+    assert oom["allocator"]["reserved"] + oom["shortfall"] >= oom["device"]["allowed"]
+    assert sum(oom["filled_by"]["categories"].values()) > 0

@@ -1,0 +1,90 @@
+"""GPU workloads for the caching-allocator model, each recorded to a capture:
+
+    python tests/scripts/allocator_workloads.py fragment OUT.alsc
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python tests/scripts/allocator_workloads.py fragment OUT.alsc
+    python tests/scripts/allocator_workloads.py oom OUT.alsc
+
+fragment: a watched transformer-style block trained on growing sequence
+lengths (the pattern that strands cached memory in segments sized for
+earlier, smaller batches), with one side-stream use (record_stream) per step
+and an empty_cache() halfway. oom: the same model under
+set_per_process_memory_fraction, with the sequence length growing until the
+allocator gives up; the OOM is caught and recording stops cleanly.
+
+Used by tests/data/make_fixtures.py (--allocator) and
+tests/integration/test_allocator_cuda.py. Prints the measured peak reserved
+bytes as the last line.
+"""
+
+import sys
+
+import torch
+from torch import nn
+
+import allocscope
+
+
+class Block(nn.Module):
+    def __init__(self, d: int = 256, heads: int = 4):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(d, heads, batch_first=True)
+        self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x):
+        h = self.norm1(x)
+        x = x + self.attn(h, h, h, need_weights=False)[0]
+        return x + self.mlp(self.norm2(x))
+
+
+def step(model, opt, seq: int, side: torch.cuda.Stream) -> None:
+    x = torch.randn(8, seq, 256, device="cuda")
+    loss = model(x).square().mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    # A tensor used on a side stream: its free waits for that stream.
+    t = torch.empty(seq * 1024, device="cuda")
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        t.mul_(2)
+    t.record_stream(side)
+    del t
+
+
+def fragment(path: str) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(*[Block() for _ in range(2)]).cuda()
+    opt = torch.optim.AdamW(model.parameters())
+    side = torch.cuda.Stream()
+    with allocscope.record(path, device="cuda") as rec:
+        rec.watch(model, opt)
+        for i, seq in enumerate(range(64, 64 + 24 * 40, 40)):
+            step(model, opt, seq, side)
+            if i == 12:
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
+        torch.cuda.synchronize()
+    print(torch.cuda.max_memory_reserved())
+
+
+def oom(path: str) -> None:
+    torch.manual_seed(0)
+    total = torch.cuda.get_device_properties(0).total_memory
+    model = nn.Sequential(*[Block() for _ in range(2)]).cuda()
+    opt = torch.optim.AdamW(model.parameters())
+    side = torch.cuda.Stream()
+    torch.cuda.set_per_process_memory_fraction((1 << 30) / total)  # 1 GiB for this process's allocator
+    with allocscope.record(path, device="cuda") as rec:
+        rec.watch(model, opt)
+        try:
+            for seq in range(256, 1 << 16, 256):
+                step(model, opt, seq, side)
+        except torch.cuda.OutOfMemoryError:
+            pass
+        torch.cuda.synchronize()
+    print(torch.cuda.max_memory_reserved())
+
+
+if __name__ == "__main__":
+    {"fragment": fragment, "oom": oom}[sys.argv[1]](sys.argv[2])
