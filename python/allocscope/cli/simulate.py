@@ -16,7 +16,8 @@ Replay every allocation, free and empty_cache() of a CUDA capture through a
 model of PyTorch's caching allocator (docs/allocator.md). With the recorded
 settings, the replay must reproduce the recorded segment events (cudaMalloc,
 cudaFree, expandable map/unmap) exactly: this checks the model on your run.
-With --config (any PYTORCH_CUDA_ALLOC_CONF string) and/or --limit (the total
+With --config (any PYTORCH_CUDA_ALLOC_CONF string, as set for a fresh run:
+what it leaves out takes torch's defaults) and/or --limit (the total
 memory of a smaller GPU; memory outside PyTorch measured when recording still
 counts), it predicts the peak reserved memory, the fragmentation at the peak,
 and whether and where the run would have run out of memory. --suggest tries
@@ -55,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--limit must be positive")
     cap = load(args.file)
     recorded = recorded_config(cap.baseline("start"), cap.metadata)
-    whatif_cfg = parse_alloc_conf(args.config, recorded) if args.config is not None else None
+    # As PYTORCH_CUDA_ALLOC_CONF for a fresh run: what the string leaves out takes torch's defaults.
+    whatif_cfg = parse_alloc_conf(args.config) if args.config is not None else None
     faithful = replay(cap)
     measured = int(recorded_reserved(cap).max())
     out: dict[str, Any] = {
