@@ -6,6 +6,7 @@ from running the model."""
 import pytest
 
 from allocscope.analysis.allocator_config import AllocatorConfig, ConfigError, parse_alloc_conf
+from allocscope.analysis.allocator_state import segments
 from allocscope.analysis.simulator import DeviceAllocator, round_size
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
@@ -111,7 +112,7 @@ def test_freed_neighbours_merge():
     a, b = d.malloc(1000, 0), d.malloc(1000, 0)  # 0..1K and 1K..2K of one 2 MiB segment
     d.free(a)
     d.free(b)  # merges with a (before) and the remainder (after): one 2 MiB free block again
-    assert [(s["total_size"], [blk[1] for blk in s["blocks"]]) for s in d.segments()] == [(2 * MiB, [2 * MiB])]
+    assert [(s["total_size"], [blk[1] for blk in s["blocks"]]) for s in segments(d)] == [(2 * MiB, [2 * MiB])]
 
 
 # ---- max_split_size_mb

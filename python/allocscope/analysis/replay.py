@@ -18,6 +18,7 @@ import numpy as np
 from .._format import EventKind
 from ..reader import Capture
 from .allocator_config import AllocatorConfig, recorded_config
+from .allocator_state import load_segments, segments
 from .simulator import (SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP, Block, DeviceAllocator,
                         SegmentEvent, _BumpAddresses, round_size)
 
@@ -261,7 +262,7 @@ def replay(cap: Capture, config: AllocatorConfig | None = None, *, limit: int | 
     for s in seg_segments:
         device(int(s.get("device", 0)))
     for d, dev in devices.items():
-        loaded = dev.load_segments([s for s in seg_segments if int(s.get("device", 0)) == d])
+        loaded = load_segments(dev, [s for s in seg_segments if int(s.get("device", 0)) == d])
         for addr, b in loaded.items():
             live[addr] = (dev, b)
         for b in dev.pending:
@@ -287,7 +288,7 @@ def replay(cap: Capture, config: AllocatorConfig | None = None, *, limit: int | 
     t_ptr = 0
 
     def snapshot() -> list[dict[str, Any]]:
-        return [s for d in sorted(devices) for s in devices[d].segments()]
+        return [s for d in sorted(devices) for s in segments(devices[d])]
 
     while t_ptr < len(targets) and targets[t_ptr] < 0:
         states[targets[t_ptr]] = snapshot()
@@ -445,9 +446,9 @@ def _oom(dev: DeviceAllocator, i: int, size: int, st: int, stream: int, recorded
          earlier: list[OomRecord]) -> OomRecord:
     # Keep the allocator's state for the first few failures only: a replay
     # that runs out everywhere would otherwise hold a copy per request.
-    segments = dev.segments() if len(earlier) < 3 else []
+    state = segments(dev) if len(earlier) < 3 else []
     return OomRecord(i, dev.device, size, round_size(size, dev.config.roundup_power2_divisions), stream, recorded,
-                     dev.reserved, dev.allocated, dev.active, dev.capacity, dev.allowed, segments)
+                     dev.reserved, dev.allocated, dev.active, dev.capacity, dev.allowed, state)
 
 
 def compare_snapshot(state: list[dict[str, Any]], snapshot: list[dict[str, Any]]) -> dict[str, Any]:
