@@ -80,6 +80,20 @@ def _int(tok: str, key: str) -> int:
     return int(tok)
 
 
+def _float(tok: str, key: str) -> float:
+    try:
+        return float(tok)
+    except ValueError:
+        raise ConfigError(f"{key}: expected a number, got {tok!r}") from None
+
+
+def _mib_at_least_20(tok: str, key: str) -> int:
+    mb = _int(tok, key)
+    if mb < _LARGE_BUFFER // MiB:
+        raise ConfigError(f"{key} too small, must be >= {_LARGE_BUFFER // MiB}")
+    return mb * MiB
+
+
 def _bool(tok: str, key: str) -> bool:
     if tok in ("True", "true", "1"):
         return True
@@ -114,34 +128,20 @@ def parse_alloc_conf(text: str, base: AllocatorConfig | None = None) -> Allocato
     while i < len(tok):
         key = tok[i]
         if key == "max_split_size_mb":
-            mb = _int(value(key), key)
-            if mb < _LARGE_BUFFER // MiB:
-                raise ConfigError(f"max_split_size_mb too small, must be >= {_LARGE_BUFFER // MiB}")
-            fields["max_split_size"] = mb * MiB
+            fields["max_split_size"] = _mib_at_least_20(value(key), key)
         elif key == "max_non_split_rounding_mb":
-            mb = _int(value(key), key)
-            if mb < _LARGE_BUFFER // MiB:
-                raise ConfigError(f"max_non_split_rounding_mb too small, must be >= {_LARGE_BUFFER // MiB}")
-            fields["max_non_split_rounding_size"] = mb * MiB
+            fields["max_non_split_rounding_size"] = _mib_at_least_20(value(key), key)
         elif key == "large_segment_size_mb":
             fields["large_segment_size"] = _int(value(key), key) * MiB
         elif key == "garbage_collection_threshold":
-            raw = value(key)
-            try:
-                thr = float(raw)
-            except ValueError:
-                raise ConfigError(f"{key}: expected a number, got {raw!r}") from None
+            thr = _float(value(key), key)
             if not 0.0 < thr < 1.0:
                 raise ConfigError("garbage_collection_threshold must be in (0.0, 1.0)")
             fields["garbage_collection_threshold"] = thr
         elif key == "expandable_segments":
             fields["expandable_segments"] = _bool(value(key), key)
         elif key == "per_process_memory_fraction":
-            raw = value(key)
-            try:
-                frac = float(raw)
-            except ValueError:
-                raise ConfigError(f"{key}: expected a number, got {raw!r}") from None
+            frac = _float(value(key), key)
             if not 0.0 <= frac <= 1.0:
                 raise ConfigError("per_process_memory_fraction must be in [0, 1]")
             fields["per_process_memory_fraction"] = frac

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from .allocator_config import AllocatorConfig
 from .attribution import CATEGORIES, Attribution
 from .memory import user_frame
 from .simulator import SMALL_SIZE
@@ -72,12 +73,13 @@ def figures(segments: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def stranded(segments: list[dict[str, Any]], *, device: int, stream: int, rounded: int,
-             max_split_size: int) -> dict[str, int]:
+             config: AllocatorConfig) -> dict[str, int]:
     """Cached bytes that could not serve a request of `rounded` bytes on
     (device, stream), by reason (REASONS). A block is judged by the first
     rule it fails, in torch's order."""
     out = dict.fromkeys(REASONS, 0)
     small = rounded <= SMALL_SIZE
+    split = config.max_split_size
     for s in segments:
         for _addr, size, _req, state, _tag in s["blocks"]:
             if state == "allocated":
@@ -92,7 +94,7 @@ def stranded(segments: list[dict[str, Any]], *, device: int, stream: int, rounde
                 reason = "other_pool"
             elif size < rounded:
                 reason = "too_small"
-            elif rounded < max_split_size <= size or (rounded >= max_split_size and size >= rounded + 20 * 2**20):
+            elif rounded < split <= size or (rounded >= split and size >= rounded + config.max_non_split_rounding_size):
                 reason = "oversize_rule"
             else:
                 reason = "usable"

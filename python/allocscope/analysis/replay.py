@@ -20,7 +20,7 @@ from ..reader import Capture
 from .allocator_config import AllocatorConfig, recorded_config
 from .allocator_state import load_segments, segments
 from .simulator import (SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP, Block, DeviceAllocator,
-                        SegmentEvent, _BumpAddresses, round_size)
+                        SegmentEvent, BumpAddresses, round_size)
 
 __all__ = ["Fidelity", "NotACudaCapture", "OomRecord", "Replay", "compare_snapshot", "recorded_reserved", "replay", "request_at"]
 
@@ -161,7 +161,7 @@ class _Checker:
     """Compares a device's segment events with the recorded ones as they
     happen, and tells the model the recorded address of each new segment."""
 
-    def __init__(self, recorded: list[tuple[int, str, int, int]], enabled: bool, synthetic: _BumpAddresses):
+    def __init__(self, recorded: list[tuple[int, str, int, int]], enabled: bool, synthetic: BumpAddresses):
         self.recorded = recorded  # (event index, kind, addr, size)
         self.enabled = enabled
         self.j = 0
@@ -229,7 +229,7 @@ def replay(cap: Capture, config: AllocatorConfig | None = None, *, limit: int | 
                + [int(a) + int(s) for a, s in zip(ev.addr[seg_idx].tolist(), ev.size[seg_idx].tolist(), strict=True)]
                + [0])
     max_total = max([v.get("total", 0) for v in info.values()] + [1 << 40])
-    synthetic = _BumpAddresses(((high + 2 * max_total) >> 30) + 1 << 30)
+    synthetic = BumpAddresses(((high + 2 * max_total) >> 30) + 1 << 30)
 
     devices: dict[int, DeviceAllocator] = {}
     live: dict[int, tuple[DeviceAllocator, Block]] = {}

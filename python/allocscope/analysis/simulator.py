@@ -34,7 +34,7 @@ from typing import Callable
 
 from .allocator_config import SIZE_MAX, AllocatorConfig, MiB
 
-__all__ = ["Block", "DeviceAllocator", "Segment", "SegmentEvent", "round_size"]
+__all__ = ["Block", "BumpAddresses", "DeviceAllocator", "Segment", "SegmentEvent", "allocation_size", "round_size"]
 
 MIN_BLOCK = 512
 SMALL_SIZE = MiB
@@ -80,6 +80,15 @@ def round_size(size: int, divisions: tuple[int, ...]) -> int:
     if d > 1 and size > MIN_BLOCK * d:
         return _next_division(size, d)
     return (size + MIN_BLOCK - 1) // MIN_BLOCK * MIN_BLOCK
+
+
+def allocation_size(size: int, large_segment_size: int) -> int:
+    """The size of the segment cudaMalloc'd for a rounded request of `size` bytes."""
+    if size <= SMALL_SIZE:
+        return SMALL_BUFFER
+    if size < MIN_LARGE_ALLOC:
+        return large_segment_size
+    return (size + ROUND_LARGE - 1) // ROUND_LARGE * ROUND_LARGE
 
 
 class Segment:
@@ -151,7 +160,7 @@ class DeviceAllocator:
         self.total = total  # the device's memory (cudaMemGetInfo total)
         self.capacity = capacity  # bytes cudaMalloc can give this allocator (None: unlimited)
         self.allowed: int | None = None  # set_per_process_memory_fraction's limit
-        self._addresses = addresses or _BumpAddresses(1 << 40)
+        self._addresses = addresses or BumpAddresses(1 << 40)
         self.small, self.large = _Pool(True), _Pool(False)
         self.private: dict[tuple[int, int], tuple[_Pool, _Pool]] = {}
         self.blocks: dict[int, Block] = {}  # mapped blocks by address
@@ -182,7 +191,7 @@ class DeviceAllocator:
         OutOfMemoryError (unless self.force)."""
         size = round_size(orig_size, self._divisions)
         pool = self.small if size <= SMALL_SIZE else self.large
-        alloc_size = self._allocation_size(size)
+        alloc_size = allocation_size(size, self.config.large_segment_size)
         block = self._get_free_block(pool, stream, size)
         if block is None:
             if self._gc_active:
@@ -227,13 +236,6 @@ class DeviceAllocator:
         self._release_cached_blocks()
 
     # ---- sizes
-
-    def _allocation_size(self, size: int) -> int:
-        if size <= SMALL_SIZE:
-            return SMALL_BUFFER
-        if size < MIN_LARGE_ALLOC:
-            return self.config.large_segment_size
-        return (size + ROUND_LARGE - 1) // ROUND_LARGE * ROUND_LARGE
 
     def _should_split(self, block: Block, size: int) -> bool:
         remaining = block.size - size
@@ -610,7 +612,7 @@ class DeviceAllocator:
         return [b for b in self.blocks.values() if not b.allocated and not b.pending]
 
 
-class _BumpAddresses:
+class BumpAddresses:
     """Fresh, non-overlapping addresses for segments no recording placed."""
 
     def __init__(self, start: int):

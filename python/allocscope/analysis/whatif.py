@@ -16,6 +16,7 @@ from .attribution import Attribution
 from .fragmentation import downsample_max, figures, pinning_blocks, stranded
 from .memory import moment, user_frame
 from .replay import OomRecord, Replay, replay
+from .simulator import allocation_size
 
 __all__ = ["Outcome", "allocator_section", "candidates", "oom_section", "outcome", "suggest"]
 
@@ -158,7 +159,7 @@ def oom_section(cap: Capture, att: Attribution | None, rep: Replay, *, top: int 
     if total is not None:
         out["device"]["outside_pytorch"] = total - device_free - o.reserved
     out["cached_unusable"] = stranded(o.segments, device=o.device, stream=o.stream, rounded=o.rounded,
-                                      max_split_size=rep.config.max_split_size)
+                                      config=rep.config)
     out["pinned_segments"] = pinning_blocks(o.segments, att, top=5)
     out["empty_cache_would_help"] = False  # torch released every unsplit cached block before it gave up
     if att is not None:
@@ -166,7 +167,7 @@ def oom_section(cap: Capture, att: Attribution | None, rep: Replay, *, top: int 
         out["filled_by"] = {"categories": m.by_category, "modules": dict(list(m.by_module.items())[:top])}
     limit_bytes = o.allowed if o.allowed is not None else o.capacity
     if limit_bytes is not None:
-        alloc = _segment_size(o.rounded, rep.config)
+        alloc = allocation_size(o.rounded, rep.config.large_segment_size)
         # Device memory the failing request was short of, after torch had
         # released every cached block it could.
         out["shortfall"] = max(0, o.reserved + alloc - limit_bytes)
@@ -179,10 +180,3 @@ def oom_section(cap: Capture, att: Attribution | None, rep: Replay, *, top: int 
         out["settings_tried"] = tried
     return out
 
-
-def _segment_size(rounded: int, cfg: AllocatorConfig) -> int:
-    if rounded <= 1 << 20:
-        return 2 << 20
-    if rounded < 10 << 20:
-        return cfg.large_segment_size
-    return -(-rounded // (2 << 20)) * (2 << 20)
