@@ -104,7 +104,7 @@ def main() -> None:
         description="Byte-for-byte attribution of PyTorch GPU memory",
         package_dir={"": "python"},
         packages=find_packages("python"),
-        package_data={"allocscope": ["py.typed", "_C.pyi"]},
+        package_data={"allocscope": ["py.typed", "_C.pyi", "html/*.html", "html/*.js", "html/*.css"]},
         ext_modules=[_extension()],
         cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
         python_requires=">=3.10",

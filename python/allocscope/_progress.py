@@ -41,3 +41,25 @@ class Progress:
         if self._drawn:
             sys.stderr.write("\r" + " " * (len(self.label) + 40) + "\r")
             sys.stderr.flush()
+
+
+class Steps:
+    """Progress through the named stages of a long analysis, drawn as
+    `label [#####     ] 2/5 attributing` on stderr (only on a terminal,
+    unless enabled says otherwise)."""
+
+    def __init__(self, label: str, stages: int, *, enabled: bool | None = None):
+        self._bar = Progress(label, stages, enabled=sys.stderr.isatty() if enabled is None else enabled)
+        self.done = 0
+
+    def step(self, name: str) -> None:
+        bar = self._bar
+        if bar.enabled:
+            frac = min(1.0, self.done / bar.total)
+            sys.stderr.write(f"\r{bar.label} [{'#' * int(frac * 30):<30}] {self.done}/{bar.total} {name:<24}")
+            sys.stderr.flush()
+            bar._drawn = True
+        self.done += 1
+
+    def close(self) -> None:
+        self._bar.close()

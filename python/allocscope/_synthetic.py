@@ -1,5 +1,6 @@
-"""Building capture files by hand: for tests of the reader and of every
-analysis, on event streams whose right answers are known.
+"""Writing capture files from Python: by hand, for tests of the reader and of
+every analysis on event streams whose right answers are known; in bulk, for
+imports (interop/) and large synthetic captures (benchmarks/).
 
     b = CaptureBuilder()
     s = b.stack([("train.py", "step", 12)])
@@ -14,6 +15,8 @@ import json
 import os
 from typing import Any, Sequence
 
+import numpy as np
+
 from . import _format as F
 
 
@@ -24,12 +27,16 @@ class CaptureBuilder:
         self.metadata = {"synthetic": True, "devices_recorded": ["cpu" if device < 0 else "cuda"]}
         self.metadata.update(metadata or {})
         self.strings: list[str] = []
+        self._string_ids: dict[str, int] = {}
         self.frames: list[tuple[int, int, int]] = []
+        self._frame_ids: dict[tuple[int, int, int], int] = {}
         self.nodes: list[tuple[int, int]] = [(0, 0)]  # node 0: the empty stack
         self._node_ids: dict[tuple[int, int], int] = {}  # the root is not a (parent, frame) key
         self.threads: list[tuple[int, str]] = [(0, "<other threads>")]
         self.streams: list[tuple[int, int]] = [(-2, 0), (-1, 0)]
-        self.events: list[tuple[int, ...]] = []
+        self.events: list[tuple[int, ...]] = []  # appended one by one, after the bulk blocks
+        self._blocks: list[dict[str, np.ndarray]] = []  # from extend()
+        self._bulk_events = 0
         self.baselines: list[dict] = []
         self.time_ns = 1_000_000
         self.default_stream = F.CPU_STREAM if device < 0 else self.stream(device, 0)
@@ -37,15 +44,17 @@ class CaptureBuilder:
     # ---- tables
 
     def string(self, s: str) -> int:
-        if s not in self.strings:
+        if s not in self._string_ids:
+            self._string_ids[s] = len(self.strings)
             self.strings.append(s)
-        return self.strings.index(s)
+        return self._string_ids[s]
 
     def frame(self, filename: str, function: str, line: int) -> int:
         key = (self.string(filename), self.string(function), line)
-        if key not in self.frames:
+        if key not in self._frame_ids:
+            self._frame_ids[key] = len(self.frames)
             self.frames.append(key)
-        return self.frames.index(key)
+        return self._frame_ids[key]
 
     def stack(self, frames: Sequence[tuple[str, str, int]]) -> int:
         """Node id of a stack given innermost frame first."""
@@ -75,7 +84,31 @@ class CaptureBuilder:
         self.time_ns += dt
         stream = self.default_stream if stream is None else stream
         self.events.append((kind, self.time_ns, thread, stream, addr, size, block, stack, arg))
-        return len(self.events) - 1
+        return self._bulk_events + len(self.events) - 1
+
+    def extend(self, **columns: Any) -> None:
+        """Appends many events at once, as numpy columns named as in
+        _format.COLUMNS (`time` absolute ns; missing columns are 0, `stream`
+        defaults to the builder's stream)."""
+        n = len(columns["kind"])
+        if self.events:  # keep the order: what event() appended comes first
+            rows = np.array(self.events, dtype=object)
+            self._blocks.append({c: rows[:, i].astype(np.uint64 if c == "addr" else np.int64)
+                                 for i, c in enumerate(F.COLUMNS)})
+            self._bulk_events += len(self.events)
+            self.events = []
+        block = {}
+        for c in F.COLUMNS:
+            default = self.default_stream if c == "stream" else 0
+            block[c] = np.asarray(columns.get(c, np.full(n, default)))
+        self._blocks.append(block)
+        self._bulk_events += n
+        if n:
+            self.time_ns = max(self.time_ns, int(block["time"][-1]))
+
+    @property
+    def n_events(self) -> int:
+        return self._bulk_events + len(self.events)
 
     def alloc(self, addr: int, size: int, **kw: Any) -> int:
         return self.event(F.EventKind.ALLOC, addr=addr, size=size, **kw)
@@ -110,11 +143,18 @@ class CaptureBuilder:
             F.varint(F.zigzag(d)) + F.varint(h) for d, h in self.streams))
         for b in self.baselines:
             out += F.chunk(F.Chunk.BASELINE, json.dumps(b).encode())
-        for start in range(0, len(self.events), events_per_chunk):
-            out += F.chunk(F.Chunk.EVENTS, F.encode_events(self.events[start:start + events_per_chunk], start))
+        if not self._blocks:
+            for start in range(0, len(self.events), events_per_chunk):
+                out += F.chunk(F.Chunk.EVENTS, F.encode_events(self.events[start:start + events_per_chunk], start))
+        else:
+            self.extend(kind=np.zeros(0, np.uint8))  # flush the events appended one by one
+            cols = {c: np.concatenate([b[c] for b in self._blocks]) for c in F.COLUMNS}
+            for start in range(0, self._bulk_events, events_per_chunk):
+                part = {c: v[start:start + events_per_chunk] for c, v in cols.items()}
+                out += F.chunk(F.Chunk.EVENTS, F.encode_event_columns(part, start))
         if footer:
             out += F.chunk(F.Chunk.FOOTER, json.dumps(
-                {"events": len(self.events), "dropped": 0, "reason": "stopped"}).encode())
+                {"events": self.n_events, "dropped": 0, "reason": "stopped"}).encode())
         return bytes(out)
 
     def write(self, path: str | os.PathLike[str], **kw: Any) -> str:

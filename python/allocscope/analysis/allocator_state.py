@@ -8,7 +8,7 @@ from typing import Any
 
 from .simulator import SMALL_BUFFER, Block, DeviceAllocator, Segment, _Pool
 
-__all__ = ["load_segments", "segments"]
+__all__ = ["baseline_segments", "load_segments", "segments"]
 
 
 def segments(dev: DeviceAllocator) -> list[dict[str, Any]]:
@@ -30,6 +30,19 @@ def segments(dev: DeviceAllocator) -> list[dict[str, Any]]:
             run.append(b)
         out.append(_segment_json(dev.device, seg, run))
     out.sort(key=lambda s: s["address"])
+    return out
+
+
+def baseline_segments(dev: DeviceAllocator) -> list[dict[str, Any]]:
+    """The state as a BASELINE's `segments` (docs/format.md): what the
+    recorder would have written, for synthetic captures and imports."""
+    out = []
+    for s in segments(dev):
+        blocks = [[size, requested if state != "inactive" else 0, state == "allocated", state != "inactive"]
+                  for _, size, requested, state, _ in s["blocks"]]
+        out.append({k: v for k, v in s.items() if k != "blocks"} | {
+            "requested_size": sum(b[1] for b in blocks), "allocated_size": sum(b[0] for b in blocks if b[2]),
+            "active_size": sum(b[0] for b in blocks if b[3]), "blocks": blocks})
     return out
 
 

@@ -102,14 +102,27 @@ class Attribution:
         of new outputs of leaf modules (the textbook's "layer outputs")."""
         ev = self.capture.events
         idx = np.flatnonzero((ev.kind == EventKind.MODULE_EXIT) & (ev.addr == _LEAF_FLAG))
-        out = []
-        for k, (s, name) in enumerate(zip(self.phase_starts, self.phase_names, strict=True)):
-            if name != "forward":
-                continue
-            e = self.phase_starts[k + 1] if k + 1 < len(self.phase_starts) else self.n_events
-            inside = idx[(idx > s) & (idx < e)]
-            out.append((int(s), int(e), int(ev.size[inside].sum())))
-        return out
+        # Bytes of leaf outputs up to each event, then differences per phase.
+        before = np.concatenate([[0], np.cumsum(ev.size[idx].astype(np.int64))])
+        starts = np.asarray(self.phase_starts, np.int64)
+        if not len(starts):
+            return []
+        ends = np.append(starts[1:], self.n_events)
+        lo = np.searchsorted(idx, starts, side="right")  # first leaf exit after the phase starts
+        hi = np.searchsorted(idx, ends, side="left")
+        return [(int(s), int(e), int(before[h] - before[lo_])) for s, e, lo_, h, name
+                in zip(starts.tolist(), ends.tolist(), lo.tolist(), hi.tolist(), self.phase_names, strict=True)
+                if name == "forward"]
+
+    def rows_of(self, events: list[int]) -> dict[int, int]:
+        """{event index: row} for ALLOC events that made a row (others left out)."""
+        recorded = int(np.count_nonzero(self.start >= 0))  # recorded rows come first, by start
+        starts = self.start[:recorded]
+        want = np.asarray(events, np.int64)
+        pos = np.minimum(np.searchsorted(starts, want), max(recorded - 1, 0))
+        hit = (recorded > 0) & (starts[pos] == want) if recorded else np.zeros(len(want), bool)
+        return {int(e): int(r) for e, r, h in zip(want.tolist(), pos.tolist(), np.atleast_1d(hit).tolist(),
+                                                  strict=True) if h}
 
 
 class _Names:
@@ -191,12 +204,15 @@ def attribute(cap: Capture) -> Attribution:
         by_addr.setdefault(int(A[r]), []).append((int(ST[r]), int(EN[r]), r))
     for rows in by_addr.values():
         rows.sort()
+    starts_at = {a: [s for s, _, _ in rows] for a, rows in by_addr.items()}
 
     def live_row(a: int, index: int) -> int:
-        for s, e, r in reversed(by_addr.get(a, ())):
-            if s <= index:
-                return r if e > index else -1
-        return -1
+        """The row at address a that started last at or before index, if still live."""
+        k = bisect.bisect_right(starts_at.get(a, ()), index)
+        if k == 0:
+            return -1
+        _, e, r = by_addr[a][k - 1]
+        return r if e > index else -1
 
     extra: list[tuple[int, int, int]] = []  # (addr, size, end) of labelled memory from before recording
     label_rows = np.full(len(label_idx), -1, np.int64)
@@ -211,6 +227,7 @@ def attribute(cap: Capture) -> Attribution:
                 e = free_after(a, i)
                 extra.append((a, int(ev.size[i]), e))
                 by_addr.setdefault(a, []).insert(0, (-1, e, r))
+                starts_at.setdefault(a, []).insert(0, -1)
             else:
                 unmatched_labels += 1
                 continue
@@ -244,18 +261,22 @@ def attribute(cap: Capture) -> Attribution:
     label = np.full(rows, -1, np.int64)
     module = np.full(rows, -1, np.int64)
     best = np.full(rows, len(TENSOR_LABELS), np.int64)
-    for j, i in enumerate(label_idx.tolist()):
+    meaning: dict[tuple[int, int], tuple[int, int, int]] = {}  # (kind, string id) -> category, label, module
+    for j, (i, k, sid) in enumerate(zip(label_idx.tolist(), kind[label_idx].tolist(), ev.arg[label_idx].tolist(),
+                                        strict=True)):
         r = int(label_rows[j])
         if r < 0:
             continue
-        k = int(kind[i])
         p = _PRIORITY[k]
         if p < best[r]:
             best[r] = p
-            text = string(i)
-            category[r] = _CAT[_LABEL_CATEGORY[EventKind(k)]]
-            label[r] = names(text) if k != EventKind.ACTIVATION else -1
-            module[r] = names(_label_module(k, text))
+            m = meaning.get((k, sid))
+            if m is None:
+                text = string(i)
+                m = meaning[(k, sid)] = (_CAT[_LABEL_CATEGORY[EventKind(k)]],
+                                         names(text) if k != EventKind.ACTIVATION else -1,
+                                         names(_label_module(k, text)))
+            category[r], label[r], module[r] = m
 
     # ---- phases
     p_idx = np.flatnonzero(kind == EventKind.PHASE)
@@ -314,6 +335,7 @@ def _module_scopes(cap: Capture, names: _Names, p_idx: np.ndarray, start: np.nda
     open_by_thread: dict[int, list[tuple[int, bool]]] = {}
     changes: dict[int, tuple[list[int], list[int]]] = {}  # thread -> (event indices, current module)
     strings = cap.strings
+    name_of: dict[int, int] = {}
     kinds = ev.kind[idx].tolist()
     threads = ev.thread[idx].tolist()
     flags = ev.addr[idx].tolist()
@@ -328,7 +350,9 @@ def _module_scopes(cap: Capture, names: _Names, p_idx: np.ndarray, start: np.nda
                     open_by_thread[th] = kept
                     _note(changes, th, i, kept)
             continue
-        name = names(strings[a] if a < len(strings) else "?")
+        name = name_of.get(a)
+        if name is None:
+            name = name_of[a] = names(strings[a] if a < len(strings) else "?")
         backward = bool(f & _BACKWARD_FLAG)
         scopes = open_by_thread.setdefault(t, [])
         if k == EventKind.MODULE_ENTER:

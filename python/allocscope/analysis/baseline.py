@@ -29,9 +29,12 @@ def outside_allocator(baseline: dict[str, Any]) -> int | None:
     """Device memory in use that the caching allocator does not hold (the
     CUDA context, libraries' own allocations, other processes), or None when
     the baseline has no device readings."""
-    devices = baseline.get("devices") or ()
+    devices = [d for d in baseline.get("devices") or () if "used" in d]
     if not devices:
         return None
     used = sum(int(d["used"]) for d in devices)
-    reserved = sum(int(d["stats"]["reserved_bytes"]["current"]) for d in devices)
+    if all("stats" in d for d in devices):
+        reserved = sum(int(d["stats"]["reserved_bytes"]["current"]) for d in devices)
+    else:  # a baseline written without the allocator's counters (imports, older files)
+        reserved = baseline_reserved(baseline)
     return used - reserved

@@ -110,8 +110,9 @@ def pinning_blocks(segments: list[dict[str, Any]], att: Attribution | None, *, t
     rows_by_start: dict[int, int] = {}
     pre: dict[int, int] = {}
     if att is not None:
-        rows_by_start = {int(s): i for i, s in enumerate(att.start.tolist()) if s >= 0}
-        pre = {int(a): i for i, (a, s) in enumerate(zip(att.addr.tolist(), att.start.tolist(), strict=True)) if s < 0}
+        rows_by_start = att.rows_of([b[4] for s in segments for b in s["blocks"] if b[3] != "inactive" and b[4] >= 0])
+        pre_rows = np.flatnonzero(att.start < 0)
+        pre = dict(zip(att.addr[pre_rows].tolist(), pre_rows.tolist(), strict=True))
     frag = []
     for s in segments:
         free = sum(b[1] for b in s["blocks"] if b[3] == "inactive")

@@ -155,24 +155,36 @@ def iterations(att: Attribution, tl: Timeline) -> list[dict[str, Any]]:
         return []
     n = att.n_events
     its = att.phase_iterations
-    firsts = sorted({int(k): int(att.phase_starts[np.flatnonzero(its == k)[0]]) for k in np.unique(its)}.items())
+    keys, first_phase = np.unique(its, return_index=True)
+    order = np.argsort(att.phase_starts[first_phase], kind="stable")
+    keys, starts = keys[order], att.phase_starts[first_phase][order].astype(np.int64)
+    ends = np.append(starts[1:], n)
+    # Every row by the iteration it was allocated in (-1: before the first).
+    owner = np.searchsorted(starts, att.start, side="right") - 1
+    persistent = np.isin(att.category, [CATEGORIES.index(c) for c in _PERSISTENT])
+    retained = (owner >= 0) & (att.end >= n)
+    k = len(starts)
+    retained_bytes = np.bincount(owner[retained], weights=att.size[retained], minlength=k).astype(np.int64)
+    # starts[-1] is the tail after the last optimizer step, starts[-2] the last complete iteration.
+    leaked = retained & ~persistent & (owner < k - 2)
+    leaked_bytes = np.bincount(owner[leaked], weights=att.size[leaked], minlength=k).astype(np.int64)
+    # Each iteration's peak: positions s+1..e of the timeline (after events s..e-1).
+    window_peak = np.maximum.reduceat(tl.allocated[1:], np.minimum(starts, n - 1)) if n else np.zeros(k, np.int64)
     out = []
-    for j, (k, s) in enumerate(firsts):
-        e = firsts[j + 1][1] if j + 1 < len(firsts) else n
-        window = tl.allocated[s + 1:e + 1]
-        p = s + int(np.argmax(window)) if len(window) else s
-        mine = (att.start >= s) & (att.start < e)
-        retained = mine & (att.end >= n)
-        persistent = np.isin(att.category, [CATEGORIES.index(c) for c in _PERSISTENT])
-        # firsts[-1] is the tail after the last optimizer step, firsts[-2] the last complete iteration
-        leaked = retained & ~persistent if j + 2 < len(firsts) else np.zeros_like(retained)
+    for j in range(k):
+        s, e = int(starts[j]), int(ends[j])
+        if e > s:
+            peak_bytes = int(window_peak[j])
+            p = s + int(np.argmax(tl.allocated[s + 1:e + 1] == peak_bytes))
+        else:
+            p, peak_bytes = s, int(tl.allocated[s + 1])
         out.append({
-            "iteration": k, "first_event": s, "last_event": e - 1,
+            "iteration": int(keys[j]), "first_event": s, "last_event": e - 1,
             "start_ns": _relative_time(att, s), "end_ns": _relative_time(att, e - 1),
-            "peak_allocated_bytes": int(tl.allocated[p + 1]), "peak_time_ns": _relative_time(att, p),
+            "peak_allocated_bytes": peak_bytes, "peak_time_ns": _relative_time(att, p),
             "allocated_at_start_bytes": int(tl.allocated[s]), "allocated_at_end_bytes": int(tl.allocated[e]),
             "growth_bytes": int(tl.allocated[e] - tl.allocated[s]),
-            "retained_bytes": int(att.size[retained].sum()), "leaked_bytes": int(att.size[leaked].sum()),
+            "retained_bytes": int(retained_bytes[j]), "leaked_bytes": int(leaked_bytes[j]),
         })
     return out
 

@@ -65,7 +65,8 @@ class Fidelity:
     first_mismatch: dict[str, Any] | None
     allocations: int
     address_mismatches: int  # blocks handed out at another address than recorded
-    end_snapshot: dict[str, Any] | None  # compare_snapshot() with the end baseline
+    end_snapshot: dict[str, Any] | None  # compare_snapshot() with the end baseline (None: not compared)
+    checked_until: int = -1  # the last event replayed (replay(stop_after=...) stops early)
 
     @property
     def exact(self) -> bool:
@@ -93,6 +94,7 @@ class Replay:
     states: dict[int, list[dict[str, Any]]]
     fidelity: Fidelity | None
     warnings: list[str]
+    replayed_until: int = -1  # the last event replayed; the timelines carry its state on
 
     @property
     def peak_reserved(self) -> int:
@@ -199,10 +201,13 @@ class _CheckedAllocator(DeviceAllocator):
 
 
 def replay(cap: Capture, config: AllocatorConfig | None = None, *, limit: int | None = None,
-           states_at: Iterable[int] = ()) -> Replay:
+           states_at: Iterable[int] = (), stop_after: int | None = None) -> Replay:
     """Replays the capture's requests. config None: the recorded settings
     (with fidelity checks). limit: the total memory of a hypothetical device
-    (the memory outside PyTorch measured at the start still counts)."""
+    (the memory outside PyTorch measured at the start still counts).
+    stop_after: replay only the events up to this index (the timelines hold
+    the last state after it; fidelity is checked that far and the end
+    snapshot is not compared; Replay.replayed_until says where it stopped)."""
     if "cuda" not in (cap.metadata.get("devices_recorded") or ()):
         raise NotACudaCapture(f"{cap.path} is not a CUDA recording: there is no caching allocator to replay")
     base = cap.baseline("start")
@@ -294,12 +299,10 @@ def replay(cap: Capture, config: AllocatorConfig | None = None, *, limit: int | 
         states[targets[t_ptr]] = snapshot()
         t_ptr += 1
 
-    reserved = np.zeros(n + 1, np.int64)
-    allocated = np.zeros(n + 1, np.int64)
-    active = np.zeros(n + 1, np.int64)
-    largest = np.zeros(n + 1, np.int64)
-
     def totals() -> tuple[int, int, int, int]:
+        if len(devices) == 1:
+            (dev,) = devices.values()
+            return dev.reserved, dev.allocated, dev.active, dev.largest_free()
         r = a = c = lg = 0
         for dev in devices.values():
             r += dev.reserved
@@ -308,14 +311,17 @@ def replay(cap: Capture, config: AllocatorConfig | None = None, *, limit: int | 
             lg = max(lg, dev.largest_free())
         return r, a, c, lg
 
-    reserved[0], allocated[0], active[0], largest[0] = totals()
+    # The totals after each replayed event; carried over the others at the end.
+    after: list[tuple[int, int, int, int]] = [totals()]
+    replayed: list[int] = []
     kinds = (EventKind.ALLOC, EventKind.FREE, EventKind.FREE_COMPLETED, EventKind.OOM, EventKind.EMPTY_CACHE,
              EventKind.SET_FRACTION)
     todo = np.flatnonzero(np.isin(ev.kind, kinds))
     ooms: list[OomRecord] = []
     avoided: list[int] = []
     allocs = address_mismatches = unknown_frees = 0
-    last = 0
+    if stop_after is not None:
+        todo = todo[todo <= stop_after]
     ALLOC, FREE, DONE, OOM = int(EventKind.ALLOC), int(EventKind.FREE), int(EventKind.FREE_COMPLETED), int(EventKind.OOM)
     EMPTY, FRACTION = int(EventKind.EMPTY_CACHE), int(EventKind.SET_FRACTION)
     cols = zip(todo.tolist(), ev.kind[todo].tolist(), ev.addr[todo].tolist(), ev.size[todo].tolist(),
@@ -324,12 +330,6 @@ def replay(cap: Capture, config: AllocatorConfig | None = None, *, limit: int | 
         while t_ptr < len(targets) and targets[t_ptr] < i:
             states[targets[t_ptr]] = snapshot()
             t_ptr += 1
-        # Carry the totals over the events that changed nothing.
-        if i > last:
-            reserved[last + 1:i + 1] = reserved[last]
-            allocated[last + 1:i + 1] = allocated[last]
-            active[last + 1:i + 1] = active[last]
-            largest[last + 1:i + 1] = largest[last]
         if k == ALLOC:
             d = int(stream_dev[st])
             if d >= 0:
@@ -386,14 +386,16 @@ def replay(cap: Capture, config: AllocatorConfig | None = None, *, limit: int | 
             d = int(stream_dev[st])
             if d >= 0:
                 device(d).set_fraction(arg / 1e9)
-        reserved[i + 1], allocated[i + 1], active[i + 1], largest[i + 1] = totals()
-        last = i + 1
-    if last < n:
-        reserved[last + 1:] = reserved[last]
-        allocated[last + 1:] = allocated[last]
-        active[last + 1:] = active[last]
-        largest[last + 1:] = largest[last]
-    while t_ptr < len(targets):
+        after.append(totals())
+        replayed.append(i)
+    # Position p (after event p - 1) takes the totals of the last replayed event before it.
+    which = np.zeros(n + 1, np.int64)
+    which[np.array(replayed, np.int64) + 1] = np.arange(1, len(replayed) + 1)
+    which = np.maximum.accumulate(which)
+    table = np.array(after, np.int64).reshape(-1, 4)
+    reserved, allocated, active, largest = (np.ascontiguousarray(table[which, j]) for j in range(4))
+    until = n - 1 if stop_after is None else min(n - 1, stop_after)
+    while t_ptr < len(targets) and targets[t_ptr] <= until:
         states[targets[t_ptr]] = snapshot()
         t_ptr += 1
     if unknown_frees:
@@ -405,13 +407,14 @@ def replay(cap: Capture, config: AllocatorConfig | None = None, *, limit: int | 
         mismatch = next((c.first_mismatch for c in checkers if c.first_mismatch is not None), None)
         end = cap.baseline("end")
         fidelity = Fidelity(
-            recorded_segment_events=len(seg_idx),
+            recorded_segment_events=int(np.count_nonzero(seg_idx <= until)),
             simulated_segment_events=sum(len(dev.events) for dev in devices.values()),
             matched=sum(c.j for c in checkers), first_mismatch=mismatch, allocations=allocs,
             address_mismatches=address_mismatches,
-            end_snapshot=compare_snapshot(snapshot(), _segments(end)) if end else None)
+            end_snapshot=compare_snapshot(snapshot(), _segments(end)) if end and until == n - 1 else None,
+            checked_until=until)
     return Replay(cfg, faithful, limit, devices, reserved, allocated, active, largest, ooms, avoided, states,
-                  fidelity, warnings)
+                  fidelity, warnings, until)
 
 
 def recorded_reserved(cap: Capture, device: int | None = None) -> np.ndarray:

@@ -3,6 +3,7 @@ Its schema is versioned (SCHEMA) and written down in docs/report.md."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -11,13 +12,29 @@ from .._format import EventKind
 from ..reader import Capture
 from .attribution import Attribution, attribute
 from .memory import Timeline, category_timeline, iterations, moment, sites, timeline
-from .replay import replay, request_at
+from .replay import Replay, replay, request_at
 from .theory import theory, waterfall
 from .whatif import allocator_section, oom_section
 
-__all__ = ["SCHEMA", "MarkNotFound", "build_report", "find_mark"]
+__all__ = ["SCHEMA", "Analysis", "MarkNotFound", "analyse", "build_report", "find_mark"]
 
 SCHEMA = "allocscope.report/1"
+
+
+@dataclasses.dataclass
+class Analysis:
+    """What every report of one capture starts from (computed once)."""
+
+    cap: Capture
+    att: Attribution
+    tl: Timeline
+    replay: Replay | None = None  # set by build_report on CUDA captures
+    replay_at: int | None = None  # the event whose allocator state replay.states holds
+
+
+def analyse(cap: Capture) -> Analysis:
+    att = attribute(cap)
+    return Analysis(cap, att, timeline(att))
 
 
 class MarkNotFound(LookupError):
@@ -42,10 +59,16 @@ def _section(att: Attribution, tl: Timeline, e: int, top: int) -> dict[str, Any]
     return {"moment": m.to_json(), "theory": th, "gap": gap, "measured": measured}
 
 
-def build_report(cap: Capture, *, at: str | None = None, top: int = 20) -> dict[str, Any]:
-    """The report of a capture: the peak (or the first mark `at`) explained."""
-    att = attribute(cap)
-    tl = timeline(att)
+REPLAY_BUDGET = 2_000_000
+
+
+def build_report(cap: Capture, *, at: str | None = None, top: int = 20,
+                 replay_budget: int = REPLAY_BUDGET, analysis: Analysis | None = None) -> dict[str, Any]:
+    """The report of a capture: the peak (or the first mark `at`) explained.
+    On CUDA captures of more than `replay_budget` events, the allocator is
+    replayed only as far as the report needs."""
+    an = analysis or analyse(cap)
+    att, tl = an.att, an.tl
     peak = tl.peak("allocated")
     out: dict[str, Any] = {
         "schema": SCHEMA,
@@ -74,11 +97,24 @@ def build_report(cap: Capture, *, at: str | None = None, top: int = 20) -> dict[
         # The allocator's side: its state replayed at the peak of reserved
         # memory, and the post-mortem of an OOM (docs/allocator.md).
         at = request_at(cap, tl.peak("reserved"))
+        stop = None
+        if len(cap.events) > replay_budget:
+            # Long captures: replay only as far as the report looks (the
+            # peak, the OOMs); `allocscope simulate` replays everything.
+            ooms = np.flatnonzero(cap.events.kind == EventKind.OOM)
+            stop = max([at] + ooms.tolist())
+            if stop < len(cap.events) - 1:
+                out["warnings"].append(
+                    f"the allocator was replayed up to event {stop} of {len(cap.events)} (the capture is longer "
+                    f"than {replay_budget} events); `allocscope simulate` replays all of it")
+            else:
+                stop = None
         try:
-            rep = replay(cap, states_at=[at])
+            rep = replay(cap, states_at=[at], stop_after=stop)
         except (KeyError, TypeError, ValueError) as e:  # a baseline this replay cannot read
             out["warnings"].append(f"the allocator could not be replayed: {type(e).__name__}: {e}")
             return out
+        an.replay, an.replay_at = rep, at
         out["allocator"] = allocator_section(cap, att, rep, at=at, top=top)
         oom = oom_section(cap, att, rep, top=top)
         if oom is not None:

@@ -113,11 +113,12 @@ def allocator_section(cap: Capture, att: Attribution | None, rep: Replay, *, at:
         "peak_reserved": {"event": peak, "bytes": rep.peak_reserved},
         "state_at": peak if at is None else at,
         "stats": rep.stats(),
-        "timeline": {
-            "reserved": downsample_max(rep.reserved, points),
-            "allocated": downsample_max(rep.allocated, points),
-            "cached_free": downsample_max(rep.cached_free, points),
-            "largest_free_block": downsample_max(rep.largest_free, points),
+        "replayed_until": rep.replayed_until,
+        "timeline": {  # up to the last replayed event
+            "reserved": downsample_max(rep.reserved[:rep.replayed_until + 2], points),
+            "allocated": downsample_max(rep.allocated[:rep.replayed_until + 2], points),
+            "cached_free": downsample_max(rep.cached_free[:rep.replayed_until + 2], points),
+            "largest_free_block": downsample_max(rep.largest_free[:rep.replayed_until + 2], points),
         },
         "warnings": list(rep.warnings),
     }

@@ -10,9 +10,9 @@ import argparse
 import sys
 from typing import Sequence
 
-from . import dump, info, report, run, simulate
+from . import dump, html, info, report, run, simulate
 
-COMMANDS = [run, info, dump, report, simulate]
+COMMANDS = [run, info, dump, report, html, simulate]
 
 _USER_ERRORS: tuple[type[BaseException], ...] = (OSError, ValueError)
 

@@ -1,0 +1,134 @@
+"""Assembling the HTML report: the data it draws (analysis/views.py reduces
+every per-event array to a few thousand points) and the page around it.
+
+Why plain SVG and no plotting library: the charts are five simple shapes
+(stacked areas, floating bars, an icicle, segment bars, tables); a library
+would add 100 KB (uPlot) to 3.5 MB (Plotly) to every file and still need
+our own code for the icicle and the segments. The page is about 40 KB
+plus the data, and opens offline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from importlib import resources
+from typing import Any
+
+import numpy as np
+
+from .. import __version__
+from .._format import EventKind
+from .._progress import Steps
+from ..analysis.fragmentation import figures
+from ..analysis.memory import _relative_time
+from ..analysis.report import analyse, build_report
+from ..analysis.views import leaks, marks, module_tree, segments_view, stack_tree, timeline_view
+from ..reader import Capture
+
+__all__ = ["SCHEMA", "html_data", "render", "write_html"]
+
+SCHEMA = "allocscope.html/1"
+MAX_ITERATIONS = 2000
+
+
+def _iterations(its: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    keep = ("iteration", "peak_allocated_bytes", "growth_bytes", "leaked_bytes")
+    if len(its) > MAX_ITERATIONS:  # evenly chosen, always with the first and the last
+        its = [its[int(i)] for i in np.linspace(0, len(its) - 1, MAX_ITERATIONS).astype(np.int64)]
+    return [{k: it[k] for k in keep} for it in its]
+
+
+def _allocator(report: dict[str, Any], an: Any, focus: int) -> dict[str, Any] | None:
+    rep = an.replay
+    if rep is None or "allocator" not in report:
+        return None
+    sec = report["allocator"]
+    fid = sec.get("replay") or {}
+    if fid:
+        replay = ("The replay of the allocator reproduced the recording exactly." if fid.get("exact") else
+                  f"The replay of the allocator did NOT reproduce the recording exactly "
+                  f"({fid['matched']} of {fid['recorded_segment_events']} segment events matched): "
+                  "the state below is the model's.")
+    else:
+        replay = None
+    oom = report.get("oom")
+    if oom and oom.get("reproduced_by_replay"):
+        rec = next(o for o in rep.ooms if o.recorded and o.event == oom["event"])
+        state, title = rec.segments, f"The allocator at the out-of-memory error (event {oom['event']})"
+    else:
+        state = rep.states.get(an.replay_at)
+        title = f"The allocator at the peak of reserved memory (event {an.replay_at}), settings: {sec['settings']}"
+    if state is None:
+        return None
+    return {"title": title, "settings": sec["settings"], "figures": figures(state), "replay": replay,
+            "view": segments_view(state, an.att)}
+
+
+def html_data(cap: Capture, *, at: str | None = None, top: int = 200, points: int = 2000,
+              steps: Steps | None = None) -> dict[str, Any]:
+    """Everything the page draws, JSON-ready (schema SCHEMA)."""
+    step = steps.step if steps else (lambda name: None)
+    step("attributing")
+    an = analyse(cap)
+    step("explaining the peak")
+    report = build_report(cap, at=at, top=top, analysis=an)
+    focus = report.get("at") or report["peak"]
+    e = int(focus["event"])
+    step("drawing the timeline")
+    ev = cap.events
+    oom_idx = np.flatnonzero(ev.kind == EventKind.OOM)
+    data: dict[str, Any] = {
+        "schema": SCHEMA,
+        "capture": report["capture"],
+        "focus": focus,
+        "focus_label": f"mark {at!r}" if at else "peak",
+        "peak_reserved": report.get("peak_reserved"),
+        "theory": report["theory"], "gap": report["gap"], "measured": report["measured"],
+        "timeline": timeline_view(an.att, an.tl, points=points),
+        "marks": marks(cap, an.att),
+        "ooms": [{"event": int(i), "time_ns": _relative_time(an.att, int(i)), "size": int(ev.size[i] or ev.block[i])}
+                 for i in oom_idx.tolist()],
+        "groups": focus["top"],
+        "sites": report["sites"],
+        "iterations": _iterations(report["iterations"]),
+        "warnings": report["warnings"],
+        "oom": report.get("oom"),
+    }
+    step("building the trees")
+    data["stack_tree"] = stack_tree(an.att, e)
+    data["module_tree"] = module_tree(an.att, e)
+    data["leaks"] = leaks(an.att, an.tl)
+    step("drawing the allocator")
+    data["allocator"] = _allocator(report, an, e)
+    return data
+
+
+def _asset(name: str) -> str:
+    return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
+
+
+def render(data: dict[str, Any]) -> str:
+    """The page with data inlined. '<' never appears raw in the JSON, so no
+    string in a capture can close the script element."""
+    payload = json.dumps(data, separators=(",", ":"), allow_nan=False).replace("<", "\\u003c")
+    page = _asset("template.html")
+    # Substitute the data last: nothing inside it is ever read as a placeholder.
+    for key, value in (("$VERSION", __version__), ("$CSS", _asset("report.css")), ("$JS", _asset("report.js"))):
+        page = page.replace(key, value)
+    return page.replace("$DATA", payload)
+
+
+def write_html(cap: Capture, path: str | os.PathLike[str], *, at: str | None = None,
+               progress: bool | None = None) -> int:
+    """Writes the report of `cap` to path; returns the file's size."""
+    steps = Steps("allocscope html", 6, enabled=progress)
+    try:
+        data = html_data(cap, at=at, steps=steps)
+        steps.step("writing")
+        text = render(data)
+    finally:
+        steps.close()
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+    return len(text.encode("utf-8"))

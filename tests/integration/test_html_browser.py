@@ -1,0 +1,171 @@
+"""The HTML report in a real headless Chromium (Debian's package; `.ci/run`
+installs it): it loads with no console errors and no network request, its
+charts are drawn (the DOM and a screenshot's pixels), and the interactions
+work: zooming the timeline, switching the flamegraph to modules, sorting."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+
+import pytest
+
+import allocscope
+from allocscope._synthetic_run import training_run
+from allocscope.html import write_html
+
+from ..browser import Chromium, find_chromium
+
+pytestmark = pytest.mark.browser
+
+
+@pytest.fixture(scope="module")
+def browser():
+    exe = find_chromium()
+    if exe is None:
+        pytest.skip("no Chromium installed (Debian package `chromium`; .ci/run installs it)")
+    b = Chromium(exe)
+    yield b
+    b.close()
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory):
+    d = tmp_path_factory.mktemp("html")
+    cap_path = str(d / "run.alsc")
+    training_run(cap_path, 30_000, device="cuda", layers=6, hidden=512, batch=256)
+    html_path = str(d / "run.html")
+    write_html(allocscope.load(cap_path), html_path, progress=False)
+    return html_path
+
+
+def decode_png(data: bytes) -> tuple[int, int, list[bytes]]:
+    """Width, height and RGB(A) rows of an 8-bit PNG (what Chromium writes)."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, width = 8, b"", 0
+    while pos < len(data):
+        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        body = data[pos + 8:pos + 8 + length]
+        if kind == b"IHDR":
+            width, height, depth, color = struct.unpack(">IIBB", body[:10])
+            assert depth == 8 and color in (2, 6)
+            bpp = 3 if color == 2 else 4
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + length
+    raw = zlib.decompress(idat)
+    stride = width * bpp
+    rows, prev = [], bytearray(stride)
+    for y in range(height):
+        f, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        for i in range(stride):
+            a = line[i - bpp] if i >= bpp else 0
+            b, c = prev[i], prev[i - bpp] if i >= bpp else 0
+            if f == 1:
+                line[i] = (line[i] + a) & 255
+            elif f == 2:
+                line[i] = (line[i] + b) & 255
+            elif f == 3:
+                line[i] = (line[i] + (a + b) // 2) & 255
+            elif f == 4:
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        rows.append(bytes(line[j] for k in range(0, stride, bpp) for j in range(k, k + 3)))
+        prev = line
+    return width, height, rows
+
+
+def element_pixels(b: Chromium, selector: str, tmp_path) -> tuple[int, set[bytes]]:
+    """(non-white pixels, distinct colours) of an element's screenshot."""
+    r = b.evaluate(f"(() => {{ const r = document.querySelector('{selector}').getBoundingClientRect();"
+                   " return [r.x + window.scrollX, r.y + window.scrollY, r.width, r.height]; })()")
+    import base64
+    shot = b.call("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True,
+                                             "clip": {"x": r[0], "y": r[1], "width": r[2], "height": r[3], "scale": 1}},
+                  session=True)
+    _, _, rows = decode_png(base64.b64decode(shot["data"]))
+    pixels = [row[i:i + 3] for row in rows for i in range(0, len(row), 3)]
+    return sum(p != b"\xff\xff\xff" for p in pixels), set(pixels)
+
+
+def test_report_opens_offline_with_no_errors_and_draws_every_chart(browser, page, tmp_path):
+    seconds = browser.open(page)
+    assert seconds < 30
+    assert browser.console_errors() == []
+    assert [u for u in browser.requests() if not u.startswith("file://")] == []
+    data = browser.evaluate("JSON.stringify(['timeline', 'waterfall', 'flame', 'segments']"
+                            ".map((id) => Number(document.getElementById(id).dataset.drawn)))")
+    timeline, waterfall, flame, segments = __import__("json").loads(data)
+    assert timeline >= 5  # parameter, gradient, optimizer state, activation, input, temporary...
+    assert waterfall >= 3 and flame >= 10 and segments >= 10
+    assert browser.evaluate("document.querySelectorAll('#sites tbody tr').length") >= 3
+    non_white, colours = element_pixels(browser, "#timeline", tmp_path)
+    assert non_white > 5000 and len(colours) > 20  # stacked areas, not an empty frame
+    browser.screenshot(str(tmp_path / "report.png"))
+
+
+def test_timeline_zooms_on_drag_and_resets(browser, page):
+    browser.open(page)
+    full = browser.evaluate("document.getElementById('timeline').dataset.range")
+    r = browser.evaluate("(() => { const r = document.querySelector('#timeline .overlay').getBoundingClientRect();"
+                         " return [r.x, r.y, r.width, r.height]; })()")
+    browser.drag(r[0] + 0.3 * r[2], r[1] + r[3] / 2, r[0] + 0.5 * r[2])
+    zoomed = browser.evaluate("document.getElementById('timeline').dataset.range")
+    a0, a1 = map(float, full.split(","))
+    b0, b1 = map(float, zoomed.split(","))
+    assert a0 < b0 < b1 < a1
+    assert abs((b1 - b0) - 0.2 * (a1 - a0)) < 0.02 * (a1 - a0)
+    browser.click("#zoom-reset")
+    assert browser.evaluate("document.getElementById('timeline').dataset.range") == full
+    assert browser.console_errors() == []
+
+
+def test_flamegraph_switches_to_the_module_view(browser, page):
+    browser.open(page)
+    stack_names = browser.evaluate("Array.from(document.querySelectorAll('#flame title')).map((t) => t.textContent).join('|')")
+    assert "train.py" in stack_names
+    browser.click("#flame-toolbar button[data-view=module]")
+    assert browser.evaluate("document.getElementById('flame').dataset.view") == "module"
+    names = browser.evaluate("Array.from(document.querySelectorAll('#flame title')).map((t) => t.textContent).join('|')")
+    assert "layers" in names and "train.py" not in names
+    # Clicking a node zooms into it: fewer, wider nodes.
+    before = int(browser.evaluate("document.getElementById('flame').dataset.drawn"))
+    browser.click("#flame g.node:nth-of-type(2)")
+    assert int(browser.evaluate("document.getElementById('flame').dataset.drawn")) < before
+    browser.click("#timeline-toolbar button[data-mode=module]")
+    legend = browser.evaluate("document.getElementById('timeline-legend').textContent")
+    assert "layers.0" in legend
+    assert browser.console_errors() == []
+
+
+def test_tables_sort_by_a_clicked_column(browser, page):
+    browser.open(page)
+    browser.click("#sites th:nth-child(3)")  # count, descending first
+    assert browser.evaluate("document.getElementById('sites').dataset.sort") == "allocations:desc"
+    counts = browser.evaluate("Array.from(document.querySelectorAll('#sites tbody tr td:nth-child(3)'))"
+                              ".map((td) => Number(td.textContent))")
+    assert counts == sorted(counts, reverse=True) and len(counts) >= 3
+    browser.click("#sites th:nth-child(3)")
+    counts = browser.evaluate("Array.from(document.querySelectorAll('#sites tbody tr td:nth-child(3)'))"
+                              ".map((td) => Number(td.textContent))")
+    assert counts == sorted(counts)
+
+
+def test_a_hostile_string_in_the_capture_stays_text(browser, tmp_path):
+    from allocscope._format import EventKind
+    from allocscope._synthetic import CaptureBuilder
+
+    b = CaptureBuilder()
+    evil = '</script><script>document.title="pwned"</script><img src=x onerror=alert(1)>'
+    s = b.stack([(evil + ".py", evil, 1)])
+    b.annotate(EventKind.PHASE, "forward", addr=0)
+    b.alloc(0x1000, 4096, stack=s)
+    b.mark(evil)
+    path = str(tmp_path / "evil.html")
+    write_html(allocscope.load(b.write(tmp_path / "evil.alsc")), path, progress=False)
+    browser.open(path)
+    assert browser.evaluate("document.title") != "pwned"
+    assert browser.evaluate("document.querySelectorAll('img').length") == 0
+    assert browser.console_errors() == []
+    assert [u for u in browser.requests() if not u.startswith("file://")] == []
