@@ -73,7 +73,7 @@ def timeline_view(att: Attribution, tl: Timeline, *, points: int = 2000, modules
         if len(rows):
             by_category[c] = _series_at(att, rows, picks)
     out["by_category"] = by_category
-    out["by_module"] = _module_series(att, picks, modules)
+    out["by_module"] = _module_series(att, picks, modules) if modules > 0 else {}
     return out
 
 
