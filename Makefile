@@ -1,6 +1,7 @@
 # The two commands (README.md):
 #   make demo   set up from a fresh clone, record a small training run, explain its peak
-#   make test   set up from a fresh clone and run the tests (.ci/run runs this)
+#   make test   set up from a fresh clone (Chromium from Debian for the HTML tests
+#               included) and run the tests (.ci/run runs this)
 #
 # Set-up makes .venv with the pinned torch (a CUDA build, so the CUDA wrapper
 # compiles here even without a GPU) and builds the extension in place.
@@ -15,17 +16,27 @@ SOURCES := $(wildcard csrc/*.cpp csrc/*.h csrc/testing/*.cpp csrc/testing/*.h) s
 COMPAT_TORCH := 2.11.0
 COMPAT_VENV := .venv-torch$(COMPAT_TORCH)
 
-.PHONY: demo test test-main test-compat test-system bench clean
+.PHONY: demo test test-main test-compat test-system browser bench clean
 
 demo: $(VENV)/.built
 	$(PY) -m allocscope run -f -o demo.alsc -- $(PY) examples/train.py --steps 3
 	$(PY) -m allocscope info demo.alsc
 	$(PY) -m allocscope report demo.alsc
+	$(PY) -m allocscope html -f demo.alsc -o demo.html
 
-test: test-main test-compat
+test: browser test-main test-compat
 
 test-main: $(VENV)/.built
 	$(PY) -m pytest -q tests
+
+# The HTML report's tests drive a headless Chromium from Debian's packages.
+# Without one (no root, no package mirror) those tests are skipped, loudly.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo "sudo -n" ); \
+	  $$SUDO apt-get install -y -q chromium >/dev/null 2>&1 || \
+	  { $$SUDO apt-get update -q >/dev/null 2>&1 && $$SUDO apt-get install -y -q chromium >/dev/null 2>&1; } || \
+	  echo "WARNING: Chromium could not be installed: the browser tests will be skipped"; }
 
 $(VENV)/.deps:
 	$(PYTHON) -m venv $(VENV)
@@ -62,4 +73,4 @@ bench: $(VENV)/.built
 	$(PY) benchmarks/bench_load.py
 
 clean:
-	rm -rf build build-compat python/allocscope/_C*.so demo.alsc
+	rm -rf build build-compat python/allocscope/_C*.so demo.alsc demo.html

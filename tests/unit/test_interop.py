@@ -17,7 +17,7 @@ from allocscope._synthetic_run import training_run
 from allocscope.analysis.lifetimes import live_bytes
 from allocscope.analysis.report import build_report
 from allocscope.cli import main
-from allocscope.interop import SnapshotError, export_memory_viz, export_perfetto, import_snapshot, read_snapshot
+from allocscope.interop import SnapshotError, export_memory_viz, import_snapshot, read_snapshot
 
 memory_viz = pytest.importorskip("torch.cuda._memory_viz")
 
