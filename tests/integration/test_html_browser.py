@@ -90,8 +90,7 @@ def element_pixels(b: Chromium, selector: str, tmp_path) -> tuple[int, set[bytes
 
 
 def test_report_opens_offline_with_no_errors_and_draws_every_chart(browser, page, tmp_path):
-    seconds = browser.open(page)
-    assert seconds < 30
+    browser.open(page)  # raises if the page never finishes drawing
     assert browser.console_errors() == []
     assert [u for u in browser.requests() if not u.startswith("file://")] == []
     data = browser.evaluate("JSON.stringify(['timeline', 'waterfall', 'flame', 'segments']"

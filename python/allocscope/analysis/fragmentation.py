@@ -23,7 +23,7 @@ from .attribution import CATEGORIES, Attribution
 from .memory import user_frame
 from .simulator import SMALL_SIZE
 
-__all__ = ["REASONS", "figures", "pinning_blocks", "stranded"]
+__all__ = ["REASONS", "block_rows", "figures", "pinning_blocks", "stranded"]
 
 # Why a cached byte could not serve a request (stranded()).
 REASONS = ("other_device", "other_stream", "other_pool", "too_small", "oversize_rule", "awaiting_other_stream",
@@ -102,17 +102,30 @@ def stranded(segments: list[dict[str, Any]], *, device: int, stream: int, rounde
     return out
 
 
+def block_rows(segments: list[dict[str, Any]], att: Attribution | None) -> dict[int, int]:
+    """{address: attribution row} of the busy blocks of replayed segments:
+    by the event that allocated them (the block's tag), or, for blocks from
+    the start baseline (tag -1), by address among the rows live from the start."""
+    if att is None:
+        return {}
+    busy = [(b[0], b[4]) for s in segments for b in s["blocks"] if b[3] != "inactive"]
+    by_event = att.rows_of([tag for _, tag in busy if tag >= 0])
+    pre_rows = np.flatnonzero(att.start < 0)
+    pre = dict(zip(att.addr[pre_rows].tolist(), pre_rows.tolist(), strict=True))
+    out = {}
+    for addr, tag in busy:
+        row = by_event.get(tag) if tag >= 0 else pre.get(addr)
+        if row is not None:
+            out[addr] = row
+    return out
+
+
 def pinning_blocks(segments: list[dict[str, Any]], att: Attribution | None, *, top: int = 5,
                    blocks_per_segment: int = 5) -> list[dict[str, Any]]:
     """The fragmented segments holding the most free bytes, each with the
     live blocks that keep it from being released (their category, module and
     the user's line that allocated them)."""
-    rows_by_start: dict[int, int] = {}
-    pre: dict[int, int] = {}
-    if att is not None:
-        rows_by_start = att.rows_of([b[4] for s in segments for b in s["blocks"] if b[3] != "inactive" and b[4] >= 0])
-        pre_rows = np.flatnonzero(att.start < 0)
-        pre = dict(zip(att.addr[pre_rows].tolist(), pre_rows.tolist(), strict=True))
+    rows = block_rows(segments, att)
     frag = []
     for s in segments:
         free = sum(b[1] for b in s["blocks"] if b[3] == "inactive")
@@ -124,9 +137,9 @@ def pinning_blocks(segments: list[dict[str, Any]], att: Attribution | None, *, t
     for free, s, live in frag[:top]:
         live.sort(key=lambda b: -b[1])
         pins = []
-        for addr, size, req, state, tag in live[:blocks_per_segment]:
+        for addr, size, req, state, _tag in live[:blocks_per_segment]:
             pin: dict[str, Any] = {"address": addr, "size": size, "requested": req, "state": state}
-            row = rows_by_start.get(tag) if tag >= 0 else pre.get(addr)
+            row = rows.get(addr)
             if att is not None and row is not None:
                 pin["category"] = CATEGORIES[int(att.category[row])]
                 pin["module"] = att.name(int(att.module[row]))

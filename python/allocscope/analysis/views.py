@@ -17,6 +17,7 @@ from .._format import EventKind
 from ..reader import Capture
 from .attribution import CATEGORIES, Attribution
 from .baseline import outside_allocator
+from .fragmentation import block_rows
 from .memory import _PERSISTENT, Timeline, _live_series, _relative_time, _site_names, iterations
 
 __all__ = ["bucket_peaks", "leaks", "marks", "module_tree", "segments_view", "stack_tree", "timeline_view"]
@@ -194,22 +195,14 @@ def segments_view(state: list[dict[str, Any]], att: Attribution | None, *, limit
     """The allocator's segments at one moment (allocator_state.segments()
     lists), largest first, each block as [offset, size, requested, state,
     category id (-1: free or unknown)]; at most `limit` segments."""
-    rows_by_start: dict[int, int] = {}
-    pre: dict[int, int] = {}
-    if att is not None:
-        rows_by_start = att.rows_of([b[4] for s in state for b in s["blocks"] if b[3] != "inactive" and b[4] >= 0])
-        pre_rows = np.flatnonzero(att.start < 0)
-        pre = dict(zip(att.addr[pre_rows].tolist(), pre_rows.tolist(), strict=True))
+    rows = block_rows(state, att)
     ordered = sorted(state, key=lambda s: (-s["total_size"], s["address"]))
     out = []
     for s in ordered[:limit]:
         blocks = []
-        for addr, size, req, st, tag in s["blocks"]:
-            cat = -1
-            if st != "inactive" and att is not None:
-                row = rows_by_start.get(int(tag)) if tag >= 0 else pre.get(int(addr))
-                if row is not None:
-                    cat = int(att.category[row])
+        for addr, size, req, st, _tag in s["blocks"]:
+            row = rows.get(addr) if st != "inactive" else None
+            cat = int(att.category[row]) if att is not None and row is not None else -1
             blocks.append([addr - s["address"], size, req, st, cat])
         out.append({"address": s["address"], "size": s["total_size"], "stream": s["stream"],
                     "pool": "large" if s["is_large"] else "small", "expandable": s["is_expandable"],
