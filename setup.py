@@ -49,6 +49,91 @@ def _cuda_include_dir() -> str | None:
     return None
 
 
+def _cuda_major() -> int | None:
+    import torch
+
+    return int(torch.version.cuda.split(".")[0]) if torch.version.cuda else None
+
+
+def _vgpu_include_dirs(major: int) -> list[str] | None:
+    """Folders holding the CUDA runtime, driver and cuBLAS headers of CUDA
+    `major` (the stand-ins must match the struct layouts torch was built
+    with): the nvidia wheels torch depends on first, then a toolkit."""
+    needed = ["cuda_runtime_api.h", "cuda.h", "cublas_api.h", "cublasLt.h"]
+    candidates = []
+    for site in sys.path:
+        candidates += [os.path.join(site, "nvidia", f"cu{major}", "include"),
+                       os.path.join(site, "nvidia", "cuda_runtime", "include"),
+                       os.path.join(site, "nvidia", "cublas", "include")]
+    general = _cuda_include_dir()
+    if general:
+        candidates.append(general)
+    found: dict[str, str] = {}
+    for c in candidates:
+        for h in needed:
+            if h not in found and os.path.isfile(os.path.join(c, h)):
+                found[h] = c
+    if len(found) < len(needed):
+        return None
+    with open(os.path.join(found["cuda_runtime_api.h"], "cuda_runtime_api.h")) as f:
+        m = re.search(r"#define CUDART_VERSION\s+(\d+)", f.read())
+    if not m or int(m.group(1)) // 1000 != major:
+        return None
+    # The wheels' headers include crt/host_defines.h, which only a toolkit has
+    # (or the nvidia-cuda-crt wheel): its macros do not change with the version.
+    return list(dict.fromkeys([*found.values(), *([general] if general else [])]))
+
+
+# The virtual GPU's stand-in libraries (csrc/vgpu/, docs/vgpu.md): file name
+# (= SONAME), sources, libraries of ours it links, and the symbol version node
+# torch's imports name (None: unversioned, as the real library is).
+def _vgpu_libraries(major: int) -> list[tuple[str, list[str], list[str], str | None]]:
+    return [
+        ("libvgpu.so", ["core.cpp"], [], None),
+        ("libcuda.so.1", ["driver.cpp"], ["libvgpu.so"], None),
+        (f"libcudart.so.{major}", ["cudart.cpp"], ["libcuda.so.1", "libvgpu.so"], f"libcudart.so.{major}"),
+        ("libnvidia-ml.so.1", ["nvml.cpp"], ["libvgpu.so"], None),
+        (f"libcublasLt.so.{major}", ["cublaslt.cpp"], [], f"libcublasLt.so.{major}"),
+        (f"libcublas.so.{major}", ["cublas.cpp", "cublas_inert.cpp"], ["libvgpu.so"], f"libcublas.so.{major}"),
+    ]
+
+
+def build_vgpu(out_dir: str, work_dir: str) -> bool:
+    """Builds the stand-in CUDA libraries into out_dir. No torch headers, no
+    nvcc: plain C++ against the CUDA headers. Returns False (and says why)
+    where they cannot be built."""
+    major = _cuda_major()
+    if major is None:
+        return False
+    includes = _vgpu_include_dirs(major)
+    if includes is None:
+        print(f"allocscope: CUDA {major} runtime/driver/cuBLAS headers not found: the virtual GPU is not built",
+              file=sys.stderr)
+        return False
+    cxx = os.environ.get("CXX", "c++")
+    src = os.path.join(HERE, "csrc", "vgpu")
+    os.makedirs(out_dir, exist_ok=True)
+    os.makedirs(work_dir, exist_ok=True)
+    opt = os.environ.get("ALLOCSCOPE_OPT", "-O2")
+    for name, sources, links, version_node in _vgpu_libraries(major):
+        cmd = [cxx, "-std=c++17", opt, "-fPIC", "-shared", "-fvisibility=hidden", "-Wall", "-Wextra",
+               "-Wno-unused-parameter", "-Wno-deprecated-declarations", f"-I{src}"]
+        cmd += [f"-I{d}" for d in includes]
+        cmd += [os.path.join(src, s) for s in sources]
+        cmd += ["-o", os.path.join(out_dir, name), f"-Wl,-soname,{name}", f"-L{out_dir}", "-Wl,-rpath,$ORIGIN",
+                "-Wl,--no-undefined"]
+        cmd += [f"-l:{lib}" for lib in links]
+        if version_node:
+            script = os.path.join(work_dir, f"{name}.map")
+            prefix = version_node.split(".")[0][3:]  # libcudart.so.13 -> cudart
+            exported = "cuda*; __cuda*;" if prefix == "cudart" else f"{prefix}*;"
+            with open(script, "w") as f:
+                f.write(f"{version_node} {{ global: {exported} local: *; }};\n")
+            cmd.append(f"-Wl,--version-script={script}")
+        subprocess.run(cmd, check=True)
+    return True
+
+
 def _extension():
     import torch
     from torch.utils.cpp_extension import CppExtension, library_paths
@@ -95,21 +180,34 @@ def _extension():
     )
 
 
-def main() -> None:
+def _build_ext_class():
     from torch.utils.cpp_extension import BuildExtension
 
+    class BuildExtensionAndVirtualGpu(BuildExtension):
+        """Builds _C, then the virtual GPU's libraries next to it (in vgpu/lib)."""
+
+        def run(self) -> None:
+            super().run()
+            target = os.path.dirname(self.get_ext_fullpath("allocscope._C"))
+            build_vgpu(os.path.join(target, "vgpu", "lib"), os.path.join(self.build_temp, "vgpu"))
+
+    return BuildExtensionAndVirtualGpu.with_options(use_ninja=True)
+
+
+def main() -> None:
     setup(
         name="allocscope",
         version="0.1.0",
         description="Byte-for-byte attribution of PyTorch GPU memory",
         package_dir={"": "python"},
         packages=find_packages("python"),
-        package_data={"allocscope": ["py.typed", "_C.pyi", "html/*.html", "html/*.js", "html/*.css"]},
+        package_data={"allocscope": ["py.typed", "_C.pyi", "html/*.html", "html/*.js", "html/*.css", "vgpu/lib/*"]},
         ext_modules=[_extension()],
-        cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+        cmdclass={"build_ext": _build_ext_class()},
         python_requires=">=3.10",
         install_requires=["numpy"],
-        entry_points={"console_scripts": ["allocscope = allocscope.cli:main"]},
+        entry_points={"console_scripts": ["allocscope = allocscope.cli:main"],
+                      "pytest11": ["allocscope = allocscope.pytest_plugin"]},
     )
 
 

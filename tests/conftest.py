@@ -1,5 +1,9 @@
-"""Shared fixtures. GPU tests carry the `cuda` marker and are skipped where
-torch sees no GPU; everything else runs anywhere."""
+"""Shared fixtures and markers.
+
+`cuda` tests need a CUDA device: a GPU, or allocscope's virtual GPU
+(`pytest --vgpu H100-80GB`, which `make test` runs them on), where torch's
+real caching allocator runs. `gpu_hardware` tests need a physical GPU (kernel
+results, timing): skipped on the virtual GPU. Everything else runs anywhere."""
 
 from __future__ import annotations
 
@@ -21,13 +25,21 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def physical_gpu() -> bool:
+    from allocscope import vgpu
+
+    return _cuda_available() and not vgpu.active()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if _cuda_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    cuda, hardware = _cuda_available(), physical_gpu()
     for item in items:
-        if "cuda" in item.keywords:
-            item.add_marker(skip)
+        marker = item.get_closest_marker("gpu_hardware")
+        if marker is not None and not hardware:
+            reason = marker.args[0] if marker.args else marker.kwargs.get("reason", "")
+            item.add_marker(pytest.mark.skip(reason=f"needs a physical GPU: {reason}"))
+        elif "cuda" in item.keywords and not cuda:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA device (a GPU, or pytest --vgpu H100-80GB)"))
 
 
 @pytest.fixture(scope="session")
@@ -43,7 +55,7 @@ def fake_cuda(native):
     if not native.built_with_cuda():
         pytest.skip("allocscope was built without CUDA support")
     if _cuda_available():
-        pytest.skip("a real GPU is present: the fake would replace its allocator")
+        pytest.skip("a CUDA device is present: the fake would replace its allocator")
     native._testing.install_fake_cuda()
     native._testing.fake_set_limit(0)
     native._testing.fake_set_stream(0)

@@ -11,25 +11,30 @@ ends the program. Processes that never import torch record nothing.
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
 import json
 import os
 import sys
 from typing import Any, Mapping
+
+from ._torch_hook import after_torch_import
 
 ENV_OUTPUT = "ALLOCSCOPE_RUN_OUTPUT"
 ENV_OPTIONS = "ALLOCSCOPE_RUN_OPTIONS"
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_bootstrap")
 
 
+def with_bootstrap(env: dict[str, str]) -> dict[str, str]:
+    """env with _bootstrap/ first on PYTHONPATH (once)."""
+    path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != BOOTSTRAP_DIR]
+    env["PYTHONPATH"] = os.pathsep.join([BOOTSTRAP_DIR, *path])
+    return env
+
+
 def child_environment(base: Mapping[str, str], output: str, options: dict[str, Any]) -> dict[str, str]:
     env = dict(base)
     env[ENV_OUTPUT] = output
     env[ENV_OPTIONS] = json.dumps(options)
-    path = env.get("PYTHONPATH", "")
-    env["PYTHONPATH"] = BOOTSTRAP_DIR + (os.pathsep + path if path else "")
-    return env
+    return with_bootstrap(env)
 
 
 def output_path(base: str) -> str:
@@ -68,41 +73,18 @@ def _start(options: dict[str, Any]) -> None:
 
 
 def _on_torch_imported(options: dict[str, Any]) -> None:
-    if options.get("device") == "cuda":
-        import torch.cuda
+    try:
+        if options.get("device") == "cuda":
+            import torch.cuda
 
-        # Runs inside torch.cuda's lazy initialization, right after CUDA is up
-        # (or now, if it already is). An exception there would break the
-        # program's CUDA init: _start swallows its own.
-        torch.cuda._lazy_call(lambda: _start(options))
-    else:
-        _start(options)
-
-
-class _TorchImportHook(importlib.abc.MetaPathFinder):
-    def __init__(self, options: dict[str, Any]):
-        self.options = options
-
-    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name != "torch":
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec("torch")
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        loader = spec.loader
-        exec_module = loader.exec_module
-        options = self.options
-
-        def exec_then_start(module: Any) -> None:
-            exec_module(module)
-            try:
-                _on_torch_imported(options)
-            except Exception as e:
-                print(f"allocscope: could not start recording: {e}", file=sys.stderr)
-
-        loader.exec_module = exec_then_start  # type: ignore[method-assign]
-        return spec
+            # Runs inside torch.cuda's lazy initialization, right after CUDA is
+            # up (or now, if it already is). An exception there would break
+            # the program's CUDA init: _start swallows its own.
+            torch.cuda._lazy_call(lambda: _start(options))
+        else:
+            _start(options)
+    except Exception as e:
+        print(f"allocscope: could not start recording: {e}", file=sys.stderr)
 
 
 def activate() -> None:
@@ -112,7 +94,4 @@ def activate() -> None:
         options = json.loads(os.environ.get(ENV_OPTIONS, "{}"))
     except ValueError:
         options = {}
-    if "torch" in sys.modules:
-        _on_torch_imported(options)
-    else:
-        sys.meta_path.insert(0, _TorchImportHook(options))
+    after_torch_import(lambda: _on_torch_imported(options))

@@ -1,7 +1,10 @@
-"""Imported at startup by Python processes run under `allocscope run`.
+"""Imported at startup by Python processes run under `allocscope run` or on
+the virtual GPU (allocscope.vgpu.environment).
 
 This folder is first on PYTHONPATH, so this module shadows any other
-sitecustomize: load that one too, then arm allocscope (see allocscope._autostart).
+sitecustomize: load that one too, then switch the virtual GPU on if asked
+(before anything can import torch), then arm recording if asked (see
+allocscope._autostart).
 """
 
 import importlib.machinery
@@ -21,11 +24,12 @@ def _run_shadowed_sitecustomize() -> None:
 
 def _arm() -> None:
     try:
-        from allocscope import _autostart
+        from allocscope import _autostart, vgpu
     except ImportError as e:
-        print(f"allocscope: not recording this process ({sys.executable}): cannot import allocscope: {e}",
+        print(f"allocscope: not active in this process ({sys.executable}): cannot import allocscope: {e}",
               file=sys.stderr)
         return
+    vgpu._activate_from_environment()
     _autostart.activate()
 
 

@@ -1,0 +1,444 @@
+// libcuda.so.1: the driver API torch reaches (c10's expandable segments
+// through cudaGetDriverEntryPointByVersion, NVRTC kernels through
+// libcaffe2_nvrtc), on the virtual GPU (core.h).
+#include <cuda.h>
+
+#include <cstdio>
+#include <cstring>
+
+#include "core.h"
+#include "driver_table.h"
+
+namespace {
+
+using vgpu::Result;
+
+CUresult to_cu(Result r) {
+  switch (r) {
+    case Result::kOk: return CUDA_SUCCESS;
+    case Result::kOutOfMemory: return CUDA_ERROR_OUT_OF_MEMORY;
+    case Result::kInvalidValue: return CUDA_ERROR_INVALID_VALUE;
+    case Result::kInvalidDevice: return CUDA_ERROR_INVALID_DEVICE;
+    case Result::kInvalidHandle: return CUDA_ERROR_INVALID_HANDLE;
+    case Result::kNotReady: return CUDA_ERROR_NOT_READY;
+    case Result::kNoDevice: return CUDA_ERROR_NO_DEVICE;
+    case Result::kNotSupported: return CUDA_ERROR_NOT_SUPPORTED;
+    case Result::kCaptureUnsupported: return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    case Result::kIllegalState: return CUDA_ERROR_ILLEGAL_STATE;
+  }
+  return CUDA_ERROR_UNKNOWN;
+}
+
+// One context per device (its primary context); a CUcontext points at one.
+struct Context {
+  int device;
+};
+Context g_contexts[16] = {{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, {10}, {11}, {12}, {13}, {14}, {15}};
+struct Opaque {
+  int kind;
+};
+Opaque g_module{1}, g_function{2};
+char g_cubin[16];
+
+CUcontext context_of(int device) {
+  return reinterpret_cast<CUcontext>(&g_contexts[device]);
+}
+
+CUresult launch(CUstream handle) {
+  vgpu::Stream* stream = vgpu::resolve_stream(handle);
+  if (stream == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  vgpu::submit(stream, vgpu::Work::kKernel);
+  return CUDA_SUCCESS;
+}
+
+void* ptr(CUdeviceptr p) {
+  return reinterpret_cast<void*>(static_cast<uintptr_t>(p));
+}
+
+}  // namespace
+
+#define API extern "C" __attribute__((visibility("default")))
+
+// ---- initialization, devices, contexts
+
+API CUresult cuInit(unsigned int) {
+  return vgpu::device_count() > 0 ? CUDA_SUCCESS : CUDA_ERROR_NO_DEVICE;
+}
+API CUresult cuDriverGetVersion(int* version) {
+  *version = CUDA_VERSION > 13000 ? CUDA_VERSION : 13000;
+  return CUDA_SUCCESS;
+}
+API CUresult cuDeviceGetCount(int* count) {
+  *count = vgpu::device_count();
+  return CUDA_SUCCESS;
+}
+API CUresult cuDeviceGet(CUdevice* device, int ordinal) {
+  if (vgpu::device(ordinal) == nullptr) return CUDA_ERROR_INVALID_DEVICE;
+  *device = ordinal;
+  return CUDA_SUCCESS;
+}
+API CUresult cuDeviceGetAttribute(int* value, CUdevice_attribute attribute, CUdevice device) {
+  return to_cu(vgpu::device_attribute(device, static_cast<int>(attribute), value));
+}
+API CUresult cuDeviceGetName(char* name, int len, CUdevice device) {
+  const vgpu::DeviceInfo* d = vgpu::device(device);
+  if (d == nullptr) return CUDA_ERROR_INVALID_DEVICE;
+  std::snprintf(name, static_cast<size_t>(len), "%s", d->preset->name);
+  return CUDA_SUCCESS;
+}
+API CUresult cuDeviceTotalMem(size_t* bytes, CUdevice device) {
+  const vgpu::DeviceInfo* d = vgpu::device(device);
+  if (d == nullptr) return CUDA_ERROR_INVALID_DEVICE;
+  *bytes = d->total;
+  return CUDA_SUCCESS;
+}
+API CUresult cuDeviceGetUuid(CUuuid* uuid, CUdevice device) {
+  const vgpu::DeviceInfo* d = vgpu::device(device);
+  if (d == nullptr) return CUDA_ERROR_INVALID_DEVICE;
+  std::memset(uuid->bytes, 0, sizeof(uuid->bytes));
+  std::memcpy(uuid->bytes, "allocscope", 10);  // as cudaGetDeviceProperties reports it
+  uuid->bytes[10] = static_cast<char>(device);
+  uuid->bytes[11] = static_cast<char>(d->preset - vgpu::kPresets);
+  return CUDA_SUCCESS;
+}
+API CUresult cuDevicePrimaryCtxRetain(CUcontext* context, CUdevice device) {
+  CUresult r = to_cu(vgpu::create_context(device));
+  if (r == CUDA_SUCCESS) *context = context_of(device);
+  return r;
+}
+API CUresult cuDevicePrimaryCtxGetState(CUdevice device, unsigned int* flags, int* active) {
+  if (vgpu::device(device) == nullptr) return CUDA_ERROR_INVALID_DEVICE;
+  *flags = 0;
+  *active = 1;
+  return CUDA_SUCCESS;
+}
+// The current context is the current device's (torch warns when there is
+// none, and its cuBLAS handles look for one).
+API CUresult cuCtxGetCurrent(CUcontext* context) {
+  int device = vgpu::current_device();
+  if (vgpu::device(device) == nullptr) {
+    *context = nullptr;
+    return CUDA_SUCCESS;
+  }
+  vgpu::create_context(device);
+  *context = context_of(device);
+  return CUDA_SUCCESS;
+}
+API CUresult cuCtxSetCurrent(CUcontext context) {
+  if (context == nullptr) return CUDA_SUCCESS;
+  int device = reinterpret_cast<Context*>(context)->device;
+  Result r = vgpu::set_current_device(device);
+  if (r == Result::kOk) r = vgpu::create_context(device);
+  return to_cu(r);
+}
+API CUresult cuCtxPushCurrent(CUcontext context) {
+  return cuCtxSetCurrent(context);
+}
+API CUresult cuCtxPopCurrent(CUcontext* context) {
+  return cuCtxGetCurrent(context);
+}
+API CUresult cuCtxGetDevice(CUdevice* device) {
+  *device = vgpu::current_device();
+  return CUDA_SUCCESS;
+}
+API CUresult cuCtxSynchronize(void) {
+  return to_cu(vgpu::device_synchronize(vgpu::current_device()));
+}
+API CUresult cuGetErrorString(CUresult error, const char** text) {
+  switch (error) {
+    case CUDA_SUCCESS: *text = "no error"; break;
+    case CUDA_ERROR_INVALID_VALUE: *text = "invalid argument"; break;
+    case CUDA_ERROR_OUT_OF_MEMORY: *text = "out of memory"; break;
+    case CUDA_ERROR_INVALID_DEVICE: *text = "invalid device ordinal"; break;
+    case CUDA_ERROR_INVALID_HANDLE: *text = "invalid resource handle"; break;
+    case CUDA_ERROR_NOT_SUPPORTED: *text = "operation not supported (allocscope virtual GPU)"; break;
+    case CUDA_ERROR_NO_DEVICE: *text = "no CUDA-capable device is detected"; break;
+    default: *text = "unknown error";
+  }
+  return CUDA_SUCCESS;
+}
+API CUresult cuGetErrorName(CUresult error, const char** text) {
+  switch (error) {
+    case CUDA_SUCCESS: *text = "CUDA_SUCCESS"; break;
+    case CUDA_ERROR_INVALID_VALUE: *text = "CUDA_ERROR_INVALID_VALUE"; break;
+    case CUDA_ERROR_OUT_OF_MEMORY: *text = "CUDA_ERROR_OUT_OF_MEMORY"; break;
+    case CUDA_ERROR_NOT_SUPPORTED: *text = "CUDA_ERROR_NOT_SUPPORTED"; break;
+    default: *text = "CUDA_ERROR_UNKNOWN";
+  }
+  return CUDA_SUCCESS;
+}
+
+// ---- memory: virtual memory management (c10's expandable segments)
+
+API CUresult cuMemGetInfo(size_t* free, size_t* total) {
+  uint64_t f = 0, t = 0;
+  CUresult r = to_cu(vgpu::mem_info(vgpu::current_device(), &f, &t));
+  *free = f;
+  *total = t;
+  return r;
+}
+API CUresult cuMemGetAllocationGranularity(size_t* granularity, const CUmemAllocationProp*,
+                                           CUmemAllocationGranularity_flags) {
+  *granularity = vgpu::kGranularity;
+  return CUDA_SUCCESS;
+}
+API CUresult cuMemAddressReserve(CUdeviceptr* out, size_t size, size_t alignment, CUdeviceptr, unsigned long long) {
+  void* p = nullptr;
+  CUresult r = to_cu(vgpu::va_reserve(size, alignment, &p));
+  *out = reinterpret_cast<CUdeviceptr>(p);
+  return r;
+}
+API CUresult cuMemAddressFree(CUdeviceptr p, size_t size) {
+  return to_cu(vgpu::va_free(ptr(p), size));
+}
+API CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, const CUmemAllocationProp* prop,
+                         unsigned long long) {
+  if (prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_NOT_SUPPORTED;
+  if ((prop->requestedHandleTypes & CU_MEM_HANDLE_TYPE_FABRIC) != 0) return CUDA_ERROR_NOT_SUPPORTED;
+  uint64_t h = 0;
+  CUresult r = to_cu(vgpu::phys_create(prop->location.id, size, &h));
+  *handle = h;
+  return r;
+}
+API CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+  return to_cu(vgpu::phys_release(handle));
+}
+API CUresult cuMemMap(CUdeviceptr p, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                      unsigned long long) {
+  if (offset != 0) return CUDA_ERROR_INVALID_VALUE;
+  return to_cu(vgpu::phys_map(ptr(p), size, handle));
+}
+API CUresult cuMemUnmap(CUdeviceptr p, size_t size) {
+  return to_cu(vgpu::phys_unmap(ptr(p), size));
+}
+API CUresult cuMemSetAccess(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t) {
+  return CUDA_SUCCESS;
+}
+API CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* prop, CUmemGenericAllocationHandle handle) {
+  int device = 0;
+  size_t size = 0;
+  CUresult r = to_cu(vgpu::phys_size(handle, &device, &size));
+  if (r != CUDA_SUCCESS) return r;
+  std::memset(prop, 0, sizeof(*prop));
+  prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop->location.id = device;
+  prop->requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  return CUDA_SUCCESS;
+}
+API CUresult cuMemGetAddressRange(CUdeviceptr* base, size_t* size, CUdeviceptr p) {
+  vgpu::PointerInfo info = vgpu::pointer_info(ptr(p));
+  if (info.kind != vgpu::PointerInfo::kDevice) return CUDA_ERROR_NOT_FOUND;
+  if (base != nullptr) *base = reinterpret_cast<CUdeviceptr>(info.base);
+  if (size != nullptr) *size = info.size;
+  return CUDA_SUCCESS;
+}
+// Sharing between processes is not modelled.
+API CUresult cuMemExportToShareableHandle(void*, CUmemGenericAllocationHandle, CUmemAllocationHandleType,
+                                          unsigned long long) {
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle*, void*, CUmemAllocationHandleType) {
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+API CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle*, void*) {
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+API CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int value, size_t n, CUstream handle) {
+  vgpu::Stream* stream = vgpu::resolve_stream(handle);
+  if (stream == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (!vgpu::submit(stream, vgpu::Work::kSet)) return CUDA_SUCCESS;
+  if (value == 0) return to_cu(vgpu::set(ptr(dst), 0, n * 4));
+  if (!vgpu::accessible(ptr(dst), n * 4)) return CUDA_ERROR_INVALID_VALUE;
+  auto* words = static_cast<unsigned int*>(ptr(dst));
+  for (size_t i = 0; i < n; ++i) words[i] = value;
+  return CUDA_SUCCESS;
+}
+API CUresult cuStreamWriteValue32(CUstream handle, CUdeviceptr addr, cuuint32_t value, unsigned int) {
+  vgpu::Stream* stream = vgpu::resolve_stream(handle);
+  if (stream == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (!vgpu::submit(stream, vgpu::Work::kSet)) return CUDA_SUCCESS;
+  if (!vgpu::accessible(ptr(addr), sizeof(value))) return CUDA_ERROR_INVALID_VALUE;
+  std::memcpy(ptr(addr), &value, sizeof(value));
+  return CUDA_SUCCESS;
+}
+API CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribute, CUdeviceptr p) {
+  vgpu::PointerInfo info = vgpu::pointer_info(ptr(p));
+  if (info.kind == vgpu::PointerInfo::kUnregistered) return CUDA_ERROR_INVALID_VALUE;
+  switch (attribute) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT:
+      *static_cast<CUcontext*>(data) = context_of(info.device < 0 ? 0 : info.device);
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+      *static_cast<CUmemorytype*>(data) =
+          info.kind == vgpu::PointerInfo::kDevice ? CU_MEMORYTYPE_DEVICE : CU_MEMORYTYPE_HOST;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+      *static_cast<CUdeviceptr*>(data) = p;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+      *static_cast<int*>(data) = info.device;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+      *static_cast<CUdeviceptr*>(data) = reinterpret_cast<CUdeviceptr>(info.base);
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+      *static_cast<size_t*>(data) = info.size;
+      return CUDA_SUCCESS;
+    default:
+      return CUDA_ERROR_NOT_SUPPORTED;
+  }
+}
+
+// ---- modules and launches (NVRTC-compiled kernels): nothing runs
+
+API CUresult cuModuleLoad(CUmodule* module, const char*) {
+  *module = reinterpret_cast<CUmodule>(&g_module);
+  return CUDA_SUCCESS;
+}
+API CUresult cuModuleLoadData(CUmodule* module, const void*) {
+  *module = reinterpret_cast<CUmodule>(&g_module);
+  return CUDA_SUCCESS;
+}
+API CUresult cuModuleLoadDataEx(CUmodule* module, const void*, unsigned int, CUjit_option*, void**) {
+  *module = reinterpret_cast<CUmodule>(&g_module);
+  return CUDA_SUCCESS;
+}
+API CUresult cuModuleUnload(CUmodule) {
+  return CUDA_SUCCESS;
+}
+API CUresult cuModuleGetFunction(CUfunction* function, CUmodule, const char*) {
+  *function = reinterpret_cast<CUfunction>(&g_function);
+  return CUDA_SUCCESS;
+}
+API CUresult cuLinkCreate(unsigned int, CUjit_option*, void**, CUlinkState* state) {
+  *state = reinterpret_cast<CUlinkState>(&g_module);
+  return CUDA_SUCCESS;
+}
+API CUresult cuLinkAddData(CUlinkState, CUjitInputType, void*, size_t, const char*, unsigned int, CUjit_option*,
+                           void**) {
+  return CUDA_SUCCESS;
+}
+API CUresult cuLinkComplete(CUlinkState, void** cubin, size_t* size) {
+  *cubin = g_cubin;
+  *size = sizeof(g_cubin);
+  return CUDA_SUCCESS;
+}
+API CUresult cuFuncGetAttribute(int* value, CUfunction_attribute attribute, CUfunction) {
+  *value = attribute == CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK ? 1024 : 0;
+  return CUDA_SUCCESS;
+}
+API CUresult cuFuncSetAttribute(CUfunction, CUfunction_attribute, int) {
+  return CUDA_SUCCESS;
+}
+API CUresult cuFuncSetCacheConfig(CUfunction, CUfunc_cache) {
+  return CUDA_SUCCESS;
+}
+API CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, CUfunction, int block_size, size_t) {
+  const vgpu::DeviceInfo* d = vgpu::device(vgpu::current_device());
+  if (d == nullptr || block_size <= 0) return CUDA_ERROR_INVALID_VALUE;
+  int n = d->preset->max_threads_per_sm / block_size;
+  *blocks = n < 1 ? 1 : (n < d->preset->max_blocks_per_sm ? n : d->preset->max_blocks_per_sm);
+  return CUDA_SUCCESS;
+}
+API CUresult cuLaunchKernel(CUfunction, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int,
+                            unsigned int, unsigned int, CUstream stream, void**, void**) {
+  return launch(stream);
+}
+API CUresult cuLaunchCooperativeKernel(CUfunction, unsigned int, unsigned int, unsigned int, unsigned int,
+                                       unsigned int, unsigned int, unsigned int, CUstream stream, void**) {
+  return launch(stream);
+}
+API CUresult cuTensorMapEncodeTiled(CUtensorMap* map, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill) {
+  std::memset(map, 0, sizeof(*map));
+  return CUDA_SUCCESS;
+}
+
+// ---- features a virtual GPU does not have: multicast, green contexts, logs
+
+API CUresult cuMulticastCreate(CUmemGenericAllocationHandle*, const CUmulticastObjectProp*) {
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+API CUresult cuMulticastAddDevice(CUmemGenericAllocationHandle, CUdevice) {
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+API CUresult cuMulticastBindMem(CUmemGenericAllocationHandle, size_t, CUmemGenericAllocationHandle, size_t, size_t,
+                                unsigned long long) {
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+API CUresult cuMulticastUnbind(CUmemGenericAllocationHandle, CUdevice, size_t, size_t) {
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+API CUresult cuGreenCtxCreate(CUgreenCtx*, CUdevResourceDesc, CUdevice, unsigned int) {
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+API CUresult cuGreenCtxDestroy(CUgreenCtx) {
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+API CUresult cuGreenCtxStreamCreate(CUstream*, CUgreenCtx, unsigned int, int) {
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+API CUresult cuCtxFromGreenCtx(CUcontext*, CUgreenCtx) {
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+API CUresult cuDevResourceGenerateDesc(CUdevResourceDesc*, CUdevResource*, unsigned int) {
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+API CUresult cuDevSmResourceSplitByCount(CUdevResource*, unsigned int*, const CUdevResource*, CUdevResource*,
+                                         unsigned int, unsigned int) {
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+API CUresult cuDeviceGetDevResource(CUdevice, CUdevResource*, CUdevResourceType) {
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+API CUresult cuLogsRegisterCallback(CUlogsCallback, void*, CUlogsCallbackHandle*) {
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+API CUresult cuLogsUnregisterCallback(CUlogsCallbackHandle) {
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+// ---- the entry points handed out by cudaGetDriverEntryPointByVersion
+
+namespace {
+
+struct Entry {
+  const char* name;
+  void* function;
+};
+
+// ENTRY(cuMemGetAddressRange): the name as asked ("cuMemGetAddressRange"),
+// the function cuda.h maps it to (cuMemGetAddressRange_v2).
+#define ENTRY(name) {#name, reinterpret_cast<void*>(&name)}
+const Entry kEntries[] = {
+    ENTRY(cuInit), ENTRY(cuDriverGetVersion), ENTRY(cuDeviceGetCount), ENTRY(cuDeviceGet),
+    ENTRY(cuDeviceGetAttribute), ENTRY(cuDeviceGetName), ENTRY(cuDeviceTotalMem), ENTRY(cuDeviceGetUuid),
+    ENTRY(cuDevicePrimaryCtxRetain), ENTRY(cuDevicePrimaryCtxGetState), ENTRY(cuCtxGetCurrent),
+    ENTRY(cuCtxSetCurrent), ENTRY(cuCtxPushCurrent), ENTRY(cuCtxPopCurrent), ENTRY(cuCtxGetDevice),
+    ENTRY(cuCtxSynchronize), ENTRY(cuGetErrorString), ENTRY(cuGetErrorName), ENTRY(cuMemGetInfo),
+    ENTRY(cuMemGetAllocationGranularity), ENTRY(cuMemAddressReserve), ENTRY(cuMemAddressFree), ENTRY(cuMemCreate),
+    ENTRY(cuMemRelease), ENTRY(cuMemMap), ENTRY(cuMemUnmap), ENTRY(cuMemSetAccess),
+    ENTRY(cuMemGetAllocationPropertiesFromHandle), ENTRY(cuMemGetAddressRange), ENTRY(cuMemExportToShareableHandle),
+    ENTRY(cuMemImportFromShareableHandle), ENTRY(cuMemRetainAllocationHandle), ENTRY(cuMemsetD32Async),
+    ENTRY(cuStreamWriteValue32), ENTRY(cuPointerGetAttribute), ENTRY(cuModuleLoad), ENTRY(cuModuleLoadData),
+    ENTRY(cuModuleLoadDataEx), ENTRY(cuModuleUnload), ENTRY(cuModuleGetFunction), ENTRY(cuLinkCreate),
+    ENTRY(cuLinkAddData), ENTRY(cuLinkComplete), ENTRY(cuFuncGetAttribute), ENTRY(cuFuncSetAttribute),
+    ENTRY(cuFuncSetCacheConfig), ENTRY(cuOccupancyMaxActiveBlocksPerMultiprocessor), ENTRY(cuLaunchKernel),
+    ENTRY(cuLaunchCooperativeKernel), ENTRY(cuTensorMapEncodeTiled), ENTRY(cuMulticastCreate),
+    ENTRY(cuMulticastAddDevice), ENTRY(cuMulticastBindMem), ENTRY(cuMulticastUnbind), ENTRY(cuGreenCtxCreate),
+    ENTRY(cuGreenCtxDestroy), ENTRY(cuGreenCtxStreamCreate), ENTRY(cuCtxFromGreenCtx),
+    ENTRY(cuDevResourceGenerateDesc), ENTRY(cuDevSmResourceSplitByCount), ENTRY(cuDeviceGetDevResource),
+    ENTRY(cuLogsRegisterCallback), ENTRY(cuLogsUnregisterCallback),
+};
+#undef ENTRY
+
+}  // namespace
+
+void* vgpu_driver_entry_point(const char* symbol) {
+  for (const Entry& e : kEntries) {
+    if (std::strcmp(e.name, symbol) == 0) return e.function;
+  }
+  return nullptr;
+}

@@ -1,0 +1,249 @@
+"""The virtual GPU: PyTorch's real CUDA caching allocator on a machine without one.
+
+allocscope builds stand-in CUDA libraries (csrc/vgpu/, installed in
+allocscope/vgpu/lib/) that make torch believe a GPU of a chosen model exists.
+torch's own c10 caching allocator, the one of the installed torch, then runs
+unchanged on top of them: its rounding, pools, segments, caching and
+out-of-memory errors are real. Device memory is address space that costs host
+memory only where written; kernels compute nothing; copies really copy.
+
+It has to be switched on before torch loads its CUDA libraries:
+
+    allocscope run --gpu H100-80GB -o out.alsc -- python train.py    # a command, recorded
+    allocscope run --gpu H100-80GB --no-record -- python train.py    # a command, not recorded
+    pytest --vgpu H100-80GB                                          # a test suite (pytest plugin)
+    allocscope.vgpu.activate("H100-80GB")                            # this process, before import torch
+
+docs/vgpu.md describes the model, what it is faithful to, and its limits.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import json
+import os
+import sys
+from typing import Any, Mapping
+
+__all__ = [
+    "ENV_CONTEXT",
+    "ENV_EVENT_POLLS",
+    "ENV_GPU",
+    "ENV_MEMORY",
+    "Preset",
+    "VirtualGpuError",
+    "activate",
+    "active",
+    "available",
+    "environment",
+    "parse_gpus",
+    "presets",
+    "state",
+]
+
+ENV_GPU = "ALLOCSCOPE_VGPU"  # "H100-80GB", "2xH100-80GB", "H100-80GB,A100-40GB"
+ENV_MEMORY = "ALLOCSCOPE_VGPU_MEMORY"  # bytes: every device's total memory
+ENV_CONTEXT = "ALLOCSCOPE_VGPU_CONTEXT"  # bytes: the CUDA context's share of each device
+ENV_EVENT_POLLS = "ALLOCSCOPE_VGPU_EVENT_POLLS"  # queries an event stays pending for (default 1)
+
+LIB_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib")
+_CORE = "libvgpu.so"
+
+
+class VirtualGpuError(RuntimeError):
+    """The virtual GPU cannot be used as asked (the message says why, in one line)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    """A GPU model the virtual GPU can be, as torch will report it."""
+
+    key: str  # what --gpu takes: "H100-80GB"
+    name: str  # torch.cuda.get_device_name()
+    total_memory: int  # bytes, as cudaMemGetInfo reports on a typical card
+    major: int
+    minor: int
+    multi_processor_count: int
+    l2_cache_size: int
+
+
+def _libraries() -> list[str]:
+    """The stand-ins in load order (each after what it links), whatever CUDA
+    major version they were built for."""
+    names = sorted(os.listdir(LIB_DIR)) if os.path.isdir(LIB_DIR) else []
+    order = ["libvgpu.so", "libcuda.so.1", "libnvidia-ml.so.1", "libcublasLt.so.", "libcublas.so.", "libcudart.so."]
+    return [n for prefix in order for n in names if n == prefix or (prefix.endswith(".") and n.startswith(prefix))]
+
+
+def available() -> bool:
+    """Whether this allocscope was built with the virtual GPU (it needs a CUDA
+    build of torch and the CUDA headers at build time)."""
+    return len(_libraries()) == 6
+
+
+def _core() -> ctypes.CDLL:
+    if not available():
+        raise VirtualGpuError("this allocscope was built without the virtual GPU (it needs a CUDA build of torch "
+                              "and the CUDA runtime headers when it is built)")
+    # libvgpu.so has no CUDA library's name: loading it changes nothing for torch.
+    lib = ctypes.CDLL(os.path.join(LIB_DIR, _CORE))
+    lib.allocscope_vgpu_presets_json.restype = ctypes.c_char_p
+    lib.allocscope_vgpu_state_json.restype = ctypes.c_char_p
+    return lib
+
+
+def presets() -> list[Preset]:
+    """Every GPU model the virtual GPU can be."""
+    return [Preset(**p) for p in json.loads(_core().allocscope_vgpu_presets_json())]
+
+
+def parse_gpus(spec: str) -> list[Preset]:
+    """The devices of a spec, in order: "H100-80GB", "2xH100-80GB",
+    "H100-80GB,A100-40GB" (names are not case-sensitive)."""
+    by_key = {p.key.lower(): p for p in presets()}
+    devices: list[Preset] = []
+    for item in spec.split(","):
+        item = item.strip()
+        count = 1
+        head, sep, rest = item.partition("x")
+        if sep and head.isdigit():
+            count, item = int(head), rest
+        preset = by_key.get(item.lower())
+        if preset is None or not 1 <= count <= 16:
+            raise VirtualGpuError(f"unknown GPU {item!r}: one of {', '.join(p.key for p in presets())}, "
+                                  f"optionally as NxGPU (e.g. 2xH100-80GB)")
+        devices += [preset] * count
+    if not 1 <= len(devices) <= 16:
+        raise VirtualGpuError(f"{spec!r}: between 1 and 16 devices")
+    return devices
+
+
+def _settings(gpu: str, memory: int | str | None, context: int | str | None,
+              event_polls: int | None) -> dict[str, str]:
+    from .._units import parse_bytes
+
+    parse_gpus(gpu)
+    out = {ENV_GPU: gpu}
+    for name, value, minimum in ((ENV_MEMORY, memory, 2 << 20), (ENV_CONTEXT, context, 0)):
+        if value is None:
+            continue
+        try:
+            n = value if isinstance(value, int) else parse_bytes(str(value))
+        except ValueError as e:
+            raise VirtualGpuError(str(e)) from None
+        if n < minimum:
+            raise VirtualGpuError(f"{name}: {n} bytes is too small")
+        out[name] = str(n)
+    if event_polls is not None:
+        if not 0 <= int(event_polls) <= 1_000_000:
+            raise VirtualGpuError(f"event_polls must be between 0 and 1000000, not {event_polls}")
+        out[ENV_EVENT_POLLS] = str(int(event_polls))
+    return out
+
+
+def environment(gpu: str, *, memory: int | str | None = None, context: int | str | None = None,
+                event_polls: int | None = None, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment for a child process that runs on the virtual GPU: every
+    Python process started with it (and its own children) switches the
+    virtual GPU on at startup, through allocscope's sitecustomize.
+
+        subprocess.run([sys.executable, "train.py"], env=allocscope.vgpu.environment("A100-40GB"))
+    """
+    from .._autostart import with_bootstrap
+
+    env = {k: v for k, v in (os.environ if base is None else base).items()
+           if k not in (ENV_GPU, ENV_MEMORY, ENV_CONTEXT, ENV_EVENT_POLLS)}
+    env.update(_settings(gpu, memory, context, event_polls))
+    return with_bootstrap(env)
+
+
+def _loaded_cuda_runtime() -> str | None:
+    """The path of the libcudart loaded in this process, if any."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                path = line.split(maxsplit=5)[-1].strip()
+                if "/libcudart.so" in path:
+                    return path
+    except OSError:
+        pass
+    return None
+
+
+def active() -> bool:
+    """Whether this process runs on the virtual GPU."""
+    path = _loaded_cuda_runtime()
+    return path is not None and os.path.dirname(path) == LIB_DIR
+
+
+def activate(gpu: str, *, memory: int | str | None = None, context: int | str | None = None,
+             event_polls: int | None = None) -> None:
+    """Switches this process to the virtual GPU (and the Python processes it
+    starts, through the environment). Must run before torch is imported.
+
+    gpu: "H100-80GB", "2xH100-80GB", "H100-80GB,A100-40GB" (see presets()).
+    memory: every device's total memory instead of the preset's ("12GiB").
+    context: the CUDA context's share of each device (default 512 MiB).
+    event_polls: how many queries an event stays pending for (default 1).
+    """
+    settings = _settings(gpu, memory, context, event_polls)
+    if active():
+        current = {k: os.environ[k] for k in (ENV_GPU, ENV_MEMORY, ENV_CONTEXT, ENV_EVENT_POLLS) if k in os.environ}
+        if current != settings:
+            raise VirtualGpuError(f"the virtual GPU is already on here as {current}; start a new process to change it")
+        return
+    runtime = _loaded_cuda_runtime()
+    if runtime is not None or "torch" in sys.modules:
+        raise VirtualGpuError("torch was imported before the virtual GPU was switched on: switch it on first "
+                              "(allocscope run --gpu, pytest --vgpu, or allocscope.vgpu.activate before import torch)")
+    if not available():
+        _core()  # raises with the reason
+    # The stand-ins read their settings from the environment; the Python
+    # processes this one starts inherit them, and the bootstrap.
+    from .._autostart import with_bootstrap
+
+    for name in (ENV_GPU, ENV_MEMORY, ENV_CONTEXT, ENV_EVENT_POLLS):
+        os.environ.pop(name, None)
+    os.environ.update(settings)
+    os.environ["PYTHONPATH"] = with_bootstrap({"PYTHONPATH": os.environ.get("PYTHONPATH", "")})["PYTHONPATH"]
+    # Loaded globally, by path: torch's libraries then find these under the
+    # names they link against (the loader matches a loaded library's SONAME
+    # before it searches any path), and c10 finds libcuda.so.1 and
+    # libnvidia-ml.so.1 when it opens them by name.
+    for name in _libraries():
+        ctypes.CDLL(os.path.join(LIB_DIR, name), mode=ctypes.RTLD_GLOBAL)
+
+    from .._torch_hook import after_torch_import
+
+    after_torch_import(_turn_cudnn_off)
+
+
+def _turn_cudnn_off() -> None:
+    # cuDNN needs a driver; torch's native kernels take its place (docs/vgpu.md).
+    import torch
+
+    torch.backends.cudnn.enabled = False
+
+
+def _activate_from_environment() -> None:
+    """At interpreter startup (sitecustomize): switch the virtual GPU on if
+    the environment asks for it. Errors are one line on stderr."""
+    gpu = os.environ.get(ENV_GPU)
+    if not gpu:
+        return
+    try:
+        polls = os.environ.get(ENV_EVENT_POLLS)
+        activate(gpu, memory=os.environ.get(ENV_MEMORY), context=os.environ.get(ENV_CONTEXT),
+                 event_polls=int(polls) if polls else None)
+    except (VirtualGpuError, ValueError, OSError) as e:
+        print(f"allocscope: no virtual GPU in this process ({sys.executable}): {e}", file=sys.stderr)
+
+
+def state() -> dict[str, Any]:
+    """The virtual devices and their memory now: {"devices": [{"key", "total",
+    "context_bytes", "used"}, ...], "event_polls": n}. `used` counts what a
+    real card's "used" does: the context and every allocation, in 2 MiB units."""
+    if not active():
+        raise VirtualGpuError("the virtual GPU is not on in this process")
+    return json.loads(_core().allocscope_vgpu_state_json())
