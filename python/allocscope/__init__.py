@@ -12,10 +12,14 @@ Read: ``allocscope.load("step.alsc")`` returns the events as numpy columns with
 their stacks, the allocator baselines and the metadata; ``allocscope info``
 and ``allocscope dump`` show them on the command line.
 
+Without a GPU, ``allocscope.vgpu`` runs torch's real CUDA caching allocator on a
+virtual card of a chosen model (``allocscope run --gpu H100-80GB``).
+
 Importing allocscope does nothing else: torch and the native core load on
 first use, and reading captures needs neither.
 """
 
+from . import vgpu
 from ._format import EventKind
 from .capture import AllocscopeError, Recording, mark, record, watch
 from .watcher import Watch
@@ -50,5 +54,6 @@ __all__ = [
     "load",
     "mark",
     "record",
+    "vgpu",
     "watch",
 ]

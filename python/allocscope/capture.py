@@ -181,7 +181,7 @@ class Recording:
             raise AllocscopeError("this recording is not running; watch() inside the record() block")
         from .watcher import Watch
 
-        w = Watch(model, optimizer, name=name)
+        w = Watch(model, optimizer, name=name, device_types=self.devices)
         self._watches.append(w)
         return w
 

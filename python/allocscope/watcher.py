@@ -180,7 +180,10 @@ class Watch:
     active recording. Made by Recording.watch() or allocscope.watch(); removed
     by remove() or when the recording stops."""
 
-    def __init__(self, model: Any, optimizer: Any = None, *, name: str | None = None):
+    def __init__(self, model: Any, optimizer: Any = None, *, name: str | None = None,
+                 device_types: tuple[str, ...] = ("cpu", "cuda")):
+        """device_types: the devices the recording records; tensors elsewhere
+        (Adam's step counters on the host while CUDA is recorded) get no label."""
         import torch
 
         if not isinstance(model, torch.nn.Module):
@@ -197,6 +200,7 @@ class Watch:
         self._saved_this_forward: set[int] = set()
         self._state_seen: dict[tuple[int, str], int] = {}
         self._removed = False
+        self._device_types = frozenset(device_types)
 
         self._param_names = {id(p): self._qualify(fqn) for fqn, p in model.named_parameters()}
         for fqn, m in model.named_modules():
@@ -244,6 +248,14 @@ class Watch:
         if not self._removed:
             self._annotate(int(kind), label, addr, size, False)
 
+    def _recorded_storage(self, t: Any) -> tuple[int, int] | None:
+        """(data pointer, bytes) of a tensor's storage if it lives on a
+        recorded device and holds bytes, else None."""
+        if t.device.type not in self._device_types:
+            return None
+        s = _storage(t)
+        return s if s is not None and s[1] > 0 else None
+
     def _qualify(self, fqn: str) -> str:
         return f"{self.name}.{fqn}" if fqn else self.name
 
@@ -282,27 +294,29 @@ class Watch:
         self._param_fingerprint = tuple(p.data_ptr() for _, p in params)
         labelled: set[int] = set()  # shared storage (tied weights) is named once
         for fqn, p in params:
-            s = _storage(p)
-            if s is not None and s[0] not in labelled and s[1] > 0:
+            s = self._recorded_storage(p)
+            if s is not None and s[0] not in labelled:
                 labelled.add(s[0])
                 self._emit(EventKind.PARAMETER, self._qualify(fqn), *s)
         self._param_storages = set(labelled)
         for fqn, b in model.named_buffers():
-            s = _storage(b)
-            if s is not None and s[0] not in labelled and s[1] > 0:
+            s = self._recorded_storage(b)
+            if s is not None and s[0] not in labelled:
                 labelled.add(s[0])
                 self._emit(EventKind.BUFFER, self._qualify(fqn), *s)
 
     def _grad_hook(self, name: str) -> Callable[[Any], None]:
         def hook(p: Any) -> None:
             g = p.grad
-            s = _storage(g) if g is not None else None
-            if s is not None and s[1] > 0:
+            s = self._recorded_storage(g) if g is not None else None
+            if s is not None:
                 self._emit(EventKind.GRADIENT, name, *s)
 
         return hook
 
     def _pack(self, t: Any) -> Any:
+        if t.device.type not in self._device_types:
+            return t.detach()
         try:
             storage = t.untyped_storage()
             ptr = storage.data_ptr()
@@ -374,8 +388,8 @@ class Watch:
         # The step's inputs are those of the first watched forward; a watched
         # loss module's inputs (the model's outputs) are not.
         for path, t in _tensors(args) if first else ():
-            s = _storage(t)
-            if s is not None and s[1] > 0:
+            s = self._recorded_storage(t)
+            if s is not None:
                 self._emit(EventKind.INPUT, f"{self.name}.input{path}", *s)
         import torch.autograd.graph
 
@@ -420,8 +434,8 @@ class Watch:
                 for key, value in state.items():
                     if not isinstance(value, torch.Tensor):
                         continue
-                    s = _storage(value)
-                    if s is None or s[1] == 0 or self._state_seen.get((id(p), key)) == s[0]:
+                    s = self._recorded_storage(value)
+                    if s is None or self._state_seen.get((id(p), key)) == s[0]:
                         continue
                     self._state_seen[(id(p), key)] = s[0]
                     self._emit(EventKind.OPTIMIZER_STATE, f"{pname}/{key}", *s)

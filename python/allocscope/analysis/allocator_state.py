@@ -59,8 +59,10 @@ def load_segments(dev: DeviceAllocator, segments: list[dict[str, Any]]) -> dict[
             expandable.setdefault((int(s["stream"]), not s["is_large"]), []).append(s)
             continue
         pool = _pool_for(dev, s)
-        seg = Segment(int(s["address"]), int(s["total_size"]), int(s["stream"]), pool.small,
-                      pool_id=tuple(s.get("pool") or (0, 0)))  # type: ignore[arg-type]
+        # A baseline does not say in which order its segments were created:
+        # address order stands in for it (a real card's addresses mostly ascend).
+        seg = dev.new_segment(int(s["address"]), int(s["total_size"]), int(s["stream"]), pool.small,
+                              pool_id=tuple(s.get("pool") or (0, 0)))  # type: ignore[arg-type]
         _load_blocks(dev, s, seg, pool, live, None)
     for (stream, small), ranges in expandable.items():
         pool = dev.small if small else dev.large
@@ -73,7 +75,7 @@ def load_segments(dev: DeviceAllocator, segments: list[dict[str, Any]]) -> dict[
             addr = int(s["address"])
             if seg is None or addr >= seg.addr + seg.size:
                 _close_expandable(dev, seg, tail)
-                seg, tail = Segment(addr, va, stream, small, True, page), None
+                seg, tail = dev.new_segment(addr, va, stream, small, True, page), None
             if tail is not None and tail.addr + tail.size < addr:  # an unmapped gap
                 gap = Block(tail.addr + tail.size, addr - tail.addr - tail.size, stream, pool, seg, False)
                 gap.prev, tail.next = tail, gap

@@ -20,9 +20,10 @@ from ..reader import Capture
 from .allocator_config import AllocatorConfig, recorded_config
 from .allocator_state import load_segments, segments
 from .simulator import (SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP, Block, DeviceAllocator,
-                        SegmentEvent, BumpAddresses, round_size)
+                        SegmentEvent, BumpAddresses, free_block_order, round_size)
 
-__all__ = ["Fidelity", "NotACudaCapture", "OomRecord", "Replay", "compare_snapshot", "recorded_reserved", "replay", "request_at"]
+__all__ = ["Fidelity", "NotACudaCapture", "OomRecord", "Replay", "compare_snapshot", "deferred_frees",
+           "recorded_reserved", "replay", "request_at"]
 
 _KIND_NAMES = {int(EventKind.SEGMENT_ALLOC): SEGMENT_ALLOC, int(EventKind.SEGMENT_FREE): SEGMENT_FREE,
                int(EventKind.SEGMENT_MAP): SEGMENT_MAP, int(EventKind.SEGMENT_UNMAP): SEGMENT_UNMAP}
@@ -146,8 +147,24 @@ def _device_info(base: dict[str, Any] | None, metadata: dict[str, Any]) -> dict[
     return info
 
 
-def _deferred_frees(ev: Any) -> np.ndarray:
-    """FREE events whose block stayed busy until a later FREE_COMPLETED."""
+def _pending_at(baseline: dict[str, Any] | None) -> set[int]:
+    """Addresses of the blocks a baseline shows freed but still in use on
+    another stream (active, not allocated)."""
+    out: set[int] = set()
+    for s in _segments(baseline or {}):
+        addr = int(s["address"])
+        for size, _requested, allocated, active in s["blocks"]:
+            if active and not allocated:
+                out.add(addr)
+            addr += int(size)
+    return out
+
+
+def deferred_frees(cap: Capture) -> np.ndarray:
+    """Per event: a FREE whose block stayed busy until a later FREE_COMPLETED,
+    or until the end of the recording (the end baseline shows it pending)."""
+    ev = cap.events
+    pending_at_end = _pending_at(cap.baseline("end"))
     k = ev.kind
     idx = np.flatnonzero((k == EventKind.ALLOC) | (k == EventKind.FREE) | (k == EventKind.FREE_COMPLETED))
     order = idx[np.lexsort((ev.seq[idx], ev.addr[idx]))]
@@ -156,6 +173,11 @@ def _deferred_frees(ev: Any) -> np.ndarray:
         a, kk = ev.addr[order], k[order]
         hit = (kk[:-1] == EventKind.FREE) & (kk[1:] == EventKind.FREE_COMPLETED) & (a[:-1] == a[1:])
         out[order[:-1][hit]] = True
+    if len(order) and pending_at_end:
+        # the last event at each address: a FREE of a block still pending at the end
+        last = np.append(ev.addr[order][1:] != ev.addr[order][:-1], True)
+        tail = order[last & (k[order] == EventKind.FREE)]
+        out[tail[np.isin(ev.addr[tail], np.fromiter(pending_at_end, np.uint64, len(pending_at_end)))]] = True
     return out
 
 
@@ -219,6 +241,7 @@ def replay(cap: Capture, config: AllocatorConfig | None = None, *, limit: int | 
     stream_dev = np.array([s.device for s in cap.streams] or [-2], np.int64)
     stream_handle = [s.handle for s in cap.streams]
     info = _device_info(base, cap.metadata)
+    segment_order = free_block_order(cap.metadata.get("torch"))
     warnings: list[str] = []
 
     seg_idx = np.flatnonzero((ev.kind >= EventKind.SEGMENT_ALLOC) & (ev.kind <= EventKind.SEGMENT_UNMAP))
@@ -255,7 +278,7 @@ def replay(cap: Capture, config: AllocatorConfig | None = None, *, limit: int | 
                 capacity = None
             checker = _Checker(rec_by_dev.get(d, []), faithful, synthetic)
             dev = _CheckedAllocator(cfg, device=d, total=limit if limit is not None else total, capacity=capacity,
-                                    addresses=checker.address)
+                                    addresses=checker.address, segment_order=segment_order)
             dev.checker = checker
             if "fraction" in meta:
                 dev.set_fraction(meta["fraction"])
@@ -287,7 +310,7 @@ def replay(cap: Capture, config: AllocatorConfig | None = None, *, limit: int | 
                     bound = free + int(rec_reserved[i + 1])
                     dev.capacity = bound if dev.capacity is None else min(dev.capacity, bound)
 
-    deferred = _deferred_frees(ev)
+    deferred = deferred_frees(cap)
     targets = sorted(set(int(t) for t in states_at))
     states: dict[int, list[dict[str, Any]]] = {}
     t_ptr = 0

@@ -8,7 +8,9 @@ c10/cuda/CUDACachingAllocator.cpp) decision for decision:
 
 - round_size: 512 B steps, or roundup_power2_divisions steps;
 - pools: small (<= 1 MiB) and large, free blocks ordered by (stream, size,
-  address) so a block is only reused on its own stream, best fit first;
+  address) so a block is only reused on its own stream, best fit first; from
+  torch 2.12 on, (stream, size, segment creation order, address) (torch 2.14's
+  BlockComparatorSizeCounterAddress; 2.12 and 2.13 are assumed to be alike);
 - get_free_block's max_split_size and max_non_split_rounding rules;
 - new segments of 2 MiB (small), large_segment_size (requests < 10 MiB) or
   the request rounded to 2 MiB; should_split; merging freed neighbours;
@@ -34,7 +36,8 @@ from typing import Callable
 
 from .allocator_config import SIZE_MAX, AllocatorConfig, MiB
 
-__all__ = ["Block", "BumpAddresses", "DeviceAllocator", "Segment", "SegmentEvent", "allocation_size", "round_size"]
+__all__ = ["Block", "BumpAddresses", "DeviceAllocator", "Segment", "SegmentEvent", "allocation_size",
+           "free_block_order", "round_size"]
 
 MIN_BLOCK = 512
 SMALL_SIZE = MiB
@@ -42,8 +45,10 @@ SMALL_BUFFER = 2 * MiB
 MIN_LARGE_ALLOC = 10 * MiB
 ROUND_LARGE = 2 * MiB
 
-# Free blocks of a pool and stream are kept as one sorted list of int keys
-# (size << 64 | address): the order of torch's BlockComparatorSize.
+# Free blocks of a pool and stream are kept as one sorted list of int keys:
+# size << 64 | address, the order of torch's BlockComparatorSize, or, where
+# free blocks are ordered by segment too, size << 128 | segment order << 64 |
+# address. Either way the low 64 bits are the address.
 _SHIFT = 64
 _MASK = (1 << _SHIFT) - 1
 
@@ -59,6 +64,17 @@ class SegmentEvent:
     size: int
     stream: int
     request: int  # index of the replayed request (capture event) that caused it
+
+
+def free_block_order(torch_version: str | None) -> bool:
+    """Whether the torch that recorded a capture orders free blocks of equal
+    size by segment creation before address: 2.11 does not, 2.14 does (read
+    from their libc10_cuda.so); 2.12 and 2.13 are assumed to do as 2.14.
+    Unknown versions: as 2.11."""
+    import re
+
+    m = re.match(r"(\d+)\.(\d+)", torch_version or "")
+    return bool(m) and (int(m.group(1)), int(m.group(2))) >= (2, 12)
 
 
 def _next_division(size: int, divisions: int) -> int:
@@ -94,14 +110,15 @@ def allocation_size(size: int, large_segment_size: int) -> int:
 class Segment:
     """A cudaMalloc'd segment, or an expandable segment's virtual range."""
 
-    __slots__ = ("addr", "size", "stream", "small", "expandable", "page", "pages", "pool_id")
+    __slots__ = ("addr", "size", "stream", "small", "expandable", "page", "pages", "pool_id", "order")
 
     def __init__(self, addr: int, size: int, stream: int, small: bool, expandable: bool = False, page: int = 0,
-                 pool_id: tuple[int, int] = (0, 0)):
+                 pool_id: tuple[int, int] = (0, 0), order: int = 0):
         self.addr, self.size, self.stream, self.small = addr, size, stream, small
         self.expandable, self.page = expandable, page
         self.pages: list[bool] = []  # expandable: which pages are mapped
         self.pool_id = pool_id
+        self.order = order  # creation order (torch's registration counter); every block of it shares it
 
 
 class Block:
@@ -154,7 +171,10 @@ class DeviceAllocator:
     readable at any point (allocator_state.segments(), the counters)."""
 
     def __init__(self, config: AllocatorConfig, *, device: int = 0, total: int = 0, capacity: int | None = None,
-                 addresses: AddressSource | None = None):
+                 addresses: AddressSource | None = None, segment_order: bool = False):
+        """segment_order: free blocks of equal size are taken in segment
+        creation order before address order (torch >= 2.12, see
+        free_block_order)."""
         self.config = config
         self.device = device
         self.total = total  # the device's memory (cudaMemGetInfo total)
@@ -174,6 +194,9 @@ class DeviceAllocator:
         self.num_alloc_retries = self.num_ooms = self.num_device_alloc = self.num_device_free = 0
         self.num_gc_runs = 0
         self._divisions = config.roundup_power2_divisions
+        self.segment_order = segment_order
+        self._size_shift = 2 * _SHIFT if segment_order else _SHIFT
+        self.segments_created = 0
 
     # ---- settings
 
@@ -245,16 +268,27 @@ class DeviceAllocator:
 
     # ---- the free lists
 
+    def new_segment(self, addr: int, size: int, stream: int, small: bool, expandable: bool = False, page: int = 0,
+                    pool_id: tuple[int, int] = (0, 0)) -> Segment:
+        """A segment, numbered in creation order."""
+        self.segments_created += 1
+        return Segment(addr, size, stream, small, expandable, page, pool_id, self.segments_created)
+
+    def _key(self, block: Block) -> int:
+        if self.segment_order:
+            return block.size << 2 * _SHIFT | block.seg.order << _SHIFT | block.addr
+        return block.size << _SHIFT | block.addr
+
     def _insert_free(self, block: Block) -> None:
         block.gc_base = block.pool.calls
         lst = block.pool.free.get(block.stream)
         if lst is None:
             lst = block.pool.free[block.stream] = []
-        bisect.insort(lst, block.size << _SHIFT | block.addr)
+        bisect.insort(lst, self._key(block))
 
     def _remove_free(self, block: Block) -> None:
         lst = block.pool.free[block.stream]
-        key = block.size << _SHIFT | block.addr
+        key = self._key(block)
         i = bisect.bisect_left(lst, key)
         assert lst[i] == key, "free list out of sync"
         del lst[i]
@@ -279,7 +313,7 @@ class DeviceAllocator:
         lst = pool.free.get(stream)
         if not lst:
             return None
-        i = bisect.bisect_left(lst, size << _SHIFT)
+        i = bisect.bisect_left(lst, size << self._size_shift)
         if i == len(lst):
             return None
         blocks = self.blocks
@@ -390,7 +424,7 @@ class DeviceAllocator:
         if not self._fits(alloc_size):
             return None  # cudaMalloc fails
         addr = self._addresses(SEGMENT_ALLOC, alloc_size)
-        seg = Segment(addr, alloc_size, stream, pool.small)
+        seg = self.new_segment(addr, alloc_size, stream, pool.small)
         block = Block(addr, alloc_size, stream, pool, seg)
         self.blocks[addr] = block
         self._grow(alloc_size)
@@ -410,11 +444,11 @@ class DeviceAllocator:
             return False
         key_size = max(size, max_split)
         lst = pool.free.get(stream) or []
-        i = bisect.bisect_left(lst, key_size << _SHIFT)
+        i = bisect.bisect_left(lst, key_size << self._size_shift)
         if i == len(lst):
             # No single block is large enough: free oversize blocks, largest first.
             released, j = 0, i - 1
-            while released < key_size and j >= 0 and (lst[j] >> _SHIFT) >= max_split:
+            while released < key_size and j >= 0 and (lst[j] >> self._size_shift) >= max_split:
                 b = self.blocks[lst[j] & _MASK]
                 if b.seg.expandable:
                     break
@@ -439,7 +473,7 @@ class DeviceAllocator:
         self._release_blocks(self.small)
 
     def _free_in_order(self, pool: _Pool) -> list[Block]:
-        """The pool's free blocks in torch's set order: (stream, size, address)."""
+        """The pool's free blocks in torch's set order: (stream, size, [segment order,] address)."""
         return [self.blocks[k & _MASK] for s in sorted(pool.free) for k in pool.free[s]]
 
     def _release_blocks(self, pool: _Pool) -> None:
@@ -521,7 +555,7 @@ class DeviceAllocator:
         total = self.total or (1 << 40)
         pages = -(-(total + total // 8) // page)
         addr = self._addresses(SEGMENT_MAP, pages * page)
-        seg = Segment(addr, pages * page, stream, pool.small, True, page)
+        seg = self.new_segment(addr, pages * page, stream, pool.small, True, page)
         c = Block(addr, pages * page, stream, pool, seg, mapped=False)
         self._insert_unmapped(c)
         return c
@@ -605,7 +639,7 @@ class DeviceAllocator:
         for pool in (self.small, self.large):
             for lst in pool.free.values():
                 if lst:
-                    best = max(best, lst[-1] >> _SHIFT)
+                    best = max(best, lst[-1] >> self._size_shift)
         return best
 
     def free_blocks(self) -> list[Block]:

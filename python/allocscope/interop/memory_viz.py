@@ -24,7 +24,7 @@ import numpy as np
 from .. import _format as F
 from .._synthetic import CaptureBuilder
 from ..analysis.lifetimes import lifetimes
-from ..analysis.replay import _deferred_frees
+from ..analysis.replay import deferred_frees
 from ..reader import Capture, StreamInfo
 
 __all__ = ["export_memory_viz", "restore", "to_snapshot"]
@@ -48,7 +48,7 @@ def to_snapshot(cap: Capture) -> dict[str, Any]:
     alloc_of_free = np.full(n, -1, np.int64)
     freed = lt.free >= 0
     alloc_of_free[lt.free[freed]] = lt.alloc[freed]
-    deferred = _deferred_frees(ev)
+    deferred = deferred_frees(cap)
     frames: dict[int, list[dict[str, Any]]] = {}
     n_dev = max([s.device for s in cap.streams if s.device >= 0] + [0]) + 1
     traces: list[list[dict[str, Any]]] = [[] for _ in range(n_dev)]
