@@ -91,4 +91,19 @@ def collect(devices: list[str], stacks: str) -> dict[str, Any]:
         meta["cuda_devices"] = cuda_devices
         meta["current_device"] = torch.cuda.current_device()
         meta["allocator_backend"] = torch.cuda.get_allocator_backend()
+        meta.update(_virtual_gpu())
     return meta
+
+
+def _virtual_gpu() -> dict[str, Any]:
+    """Which virtual devices the capture was made on (none: a real GPU)."""
+    from . import vgpu
+
+    if not vgpu.active():
+        return {}
+    state = vgpu.state()
+    return {"virtual_gpu": {
+        "spec": os.environ.get(vgpu.ENV_GPU),
+        "event_polls": state["event_polls"],
+        "devices": [{k: d[k] for k in ("key", "total", "context_bytes")} for d in state["devices"]],
+    }}

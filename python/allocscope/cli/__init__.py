@@ -31,13 +31,14 @@ def _parser() -> argparse.ArgumentParser:
         p = sub.add_parser(command.NAME, help=command.HELP, description=command.DESCRIPTION,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         command.prepare_parser(p)
-        p.set_defaults(_command=command)
+        p.set_defaults(_command=command, _name=command.NAME)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     from ..capture import AllocscopeError
     from ..reader import CaptureError
+    from ..vgpu import VirtualGpuError
 
     parser = _parser()
     args = parser.parse_args(argv)
@@ -46,12 +47,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(args._command.run(args))
-    except (CaptureError, AllocscopeError, *_USER_ERRORS) as e:
+    except (CaptureError, AllocscopeError, VirtualGpuError, *_USER_ERRORS) as e:
         message = str(e) if not isinstance(e, OSError) or not e.filename else f"{e.filename}: {e.strerror}"
-        print(f"allocscope {args.command}: error: {message}", file=sys.stderr)
+        print(f"allocscope {args._name}: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"allocscope {args.command}: interrupted", file=sys.stderr)
+        print(f"allocscope {args._name}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `allocscope dump f | head`
         return 0

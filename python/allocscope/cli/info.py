@@ -94,6 +94,10 @@ def _text(s: dict[str, Any]) -> str:
     for d in md.get("cuda_devices", []):
         devices += f"; cuda:{d['index']} {d['name']} ({fb(d['total_memory'])})"
     lines.append(f"  devices    {devices}")
+    virtual = md.get("virtual_gpu")
+    if virtual:
+        lines.append(f"  virtual    {virtual.get('spec')}: allocscope's virtual GPU (torch's real caching allocator, "
+                     f"kernels computing nothing; CUDA context {fb(virtual['devices'][0]['context_bytes'])})")
     conf = (md.get("alloc_conf") or {}).get("raw")
     if md.get("allocator_backend") or conf:
         lines.append(f"  allocator  {md.get('allocator_backend', '?')}" + (f", PYTORCH_CUDA_ALLOC_CONF={conf}" if conf else ""))

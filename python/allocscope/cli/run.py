@@ -10,27 +10,41 @@ import subprocess
 import sys
 
 NAME = "run"
-HELP = "record a command (a Python script, torchrun, ...) into a capture file"
+HELP = "record a command (a Python script, torchrun, ...) into a capture file, on a GPU or a virtual one"
 DESCRIPTION = """\
 Run a command with recording on. Every Python process it starts that uses
 torch records into the capture file: from the moment torch is imported (CPU)
 or CUDA is initialized (CUDA) until the process exits. A second process of the
 same run writes FILE with its rank (torchrun) or pid added to the name.
 
+With --gpu, the command runs on a virtual GPU of that model instead of
+whatever GPU this machine has (or has not): torch's real CUDA caching
+allocator runs, kernels compute nothing, so memory behaves as on the card
+while values are meaningless (docs/vgpu.md). `--gpu list` lists the models.
+
 examples:
   allocscope run -o step.alsc -- python train.py --epochs 1
   allocscope run -o step.alsc -- train.py --epochs 1        (python is implied)
   allocscope run -o ddp.alsc --device cuda -- torchrun --nproc-per-node 2 train.py
+  allocscope run --gpu H100-80GB -o h100.alsc -- python train.py
+  allocscope run --gpu A100-40GB --gpu-memory 12GiB -o small.alsc -- python train.py
+  allocscope run --gpu A100-40GB --no-record -- python train.py
+  allocscope run --gpu list
 """
 
 
 def prepare_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-o", "--output", required=True, metavar="FILE", help="capture file to write")
+    parser.add_argument("-o", "--output", metavar="FILE", help="capture file to write (not with --no-record)")
     parser.add_argument("-f", "--force", action="store_true", help="overwrite FILE if it exists")
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
                         help="what to record: CUDA memory, CPU memory, or auto (CUDA if available, else CPU)")
     parser.add_argument("--stacks", choices=("python", "none"), default="python",
                         help="record each allocation's Python stack (default) or not")
+    parser.add_argument("--gpu", metavar="GPU",
+                        help="run on a virtual GPU: a model (H100-80GB), N of them (2xA100-40GB), several "
+                             "(H100-80GB,L4-24GB), or `list` to list the models")
+    parser.add_argument("--gpu-memory", metavar="SIZE", help="the virtual GPU's total memory (e.g. 12GiB)")
+    parser.add_argument("--no-record", action="store_true", help="run on the virtual GPU without recording")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND",
                         help="the command to run, after --")
 
@@ -62,18 +76,46 @@ def _outputs(path: str) -> list[str]:
     return found + sorted(glob.glob(f"{glob.escape(stem)}.rank*{ext}") + glob.glob(f"{glob.escape(stem)}.pid*{ext}"))
 
 
-def run(args: argparse.Namespace) -> int:
-    from .. import _autostart
+def _list_gpus() -> int:
+    from .. import vgpu
+    from .._units import format_bytes
 
+    print(f"{'GPU':<14} {'name':<26} {'memory':>11}  {'capability':>10}  {'SMs':>4}")
+    for p in vgpu.presets():
+        print(f"{p.key:<14} {p.name:<26} {format_bytes(p.total_memory):>11}  {p.major}.{p.minor:<8}  "
+              f"{p.multi_processor_count:>4}")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    from .. import _autostart, vgpu
+
+    if args.gpu == "list":
+        return _list_gpus()
+    if args.gpu_memory and not args.gpu:
+        raise ValueError("--gpu-memory sets the virtual GPU's memory: give --gpu too")
+    if args.no_record and not args.gpu:
+        raise ValueError("--no-record runs on the virtual GPU: give --gpu too (without it, run the command itself)")
+    if args.no_record and args.output:
+        raise ValueError("--no-record writes no capture: leave out -o")
+    if not args.no_record and not args.output:
+        raise ValueError("give the capture file: allocscope run -o FILE -- python script.py")
     cmd = _command(args)
-    output = os.path.abspath(args.output)
-    if _outputs(output):
-        if not args.force:
-            raise ValueError(f"{args.output} exists; use --force to overwrite it")
-        for old in _outputs(output):
-            os.remove(old)
-    device = _device(args.device)
-    env = _autostart.child_environment(os.environ, output, {"device": device, "stacks": args.stacks})
+    env = dict(os.environ)
+    if args.gpu:
+        if args.device == "cpu":
+            raise ValueError("--gpu runs on a virtual CUDA device: record it with --device cuda (the default)")
+        env = vgpu.environment(args.gpu, memory=args.gpu_memory, base=env)
+    output = ""
+    if not args.no_record:
+        output = os.path.abspath(args.output)
+        if _outputs(output):
+            if not args.force:
+                raise ValueError(f"{args.output} exists; use --force to overwrite it")
+            for old in _outputs(output):
+                os.remove(old)
+        device = "cuda" if args.gpu else _device(args.device)
+        env = _autostart.child_environment(env, output, {"device": device, "stacks": args.stacks})
     try:
         child = subprocess.Popen(cmd, env=env)
     except OSError as e:
@@ -87,6 +129,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGINT, previous)
         signal.signal(signal.SIGTERM, previous_term)
+    if not output:
+        return status if status >= 0 else 128 - status
     written = _outputs(output)
     if written:
         for path in written:
