@@ -1,0 +1,245 @@
+"""The virtual GPU itself (run on it: pytest --vgpu H100-80GB; skipped on a
+real GPU): what torch reads of the devices, device memory through torch's
+real caching allocator (full device, memory fraction, empty_cache, snapshots),
+streams and events, graph capture, and what it costs the host."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import allocscope
+from allocscope import EventKind, vgpu
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not vgpu.active(), reason="checks the virtual GPU itself")]
+
+MiB, GiB = 1 << 20, 1 << 30
+
+
+@pytest.fixture(autouse=True)
+def clean_cuda():
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    yield
+    torch.cuda.set_per_process_memory_fraction(1.0)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+
+
+def on_vgpu(code: str, gpu: str, **settings) -> subprocess.CompletedProcess:
+    """Runs code in a fresh interpreter on a virtual GPU of its own."""
+    env = vgpu.environment(gpu, **settings)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_every_preset_as_torch_reports_it():
+    presets = vgpu.presets()
+    assert {"H100-80GB", "H200-141GB", "A100-80GB", "A100-40GB", "L4-24GB", "RTX4090-24GB", "T4-16GB",
+            "V100-16GB"} <= {p.key for p in presets}
+    # one process, one device per preset: several devices at once
+    out = on_vgpu("""
+        import json, torch
+        devices = []
+        for i in range(torch.cuda.device_count()):
+            p = torch.cuda.get_device_properties(i)
+            free, total = torch.cuda.mem_get_info(i)
+            devices.append([p.name, p.total_memory, p.major, p.minor, p.multi_processor_count, total])
+        print(json.dumps(devices))
+    """, ",".join(p.key for p in presets))
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout)
+    assert seen == [[p.name, p.total_memory, p.major, p.minor, p.multi_processor_count, p.total_memory]
+                    for p in presets]
+
+
+def test_memory_override_and_context_share():
+    out = on_vgpu("""
+        import json, torch
+        from allocscope import vgpu
+        before = vgpu.state()["devices"][0]["used"]     # no context yet
+        free, total = torch.cuda.mem_get_info()         # creates it
+        x = torch.empty(100 << 20, dtype=torch.uint8, device="cuda")
+        free2, _ = torch.cuda.mem_get_info()
+        print(json.dumps([before, free, total, free2, torch.cuda.memory_reserved()]))
+    """, "A100-40GB", memory="12GiB", context="300MiB")
+    assert out.returncode == 0, out.stderr
+    before, free, total, free2, reserved = json.loads(out.stdout)
+    assert before == 0 and total == 12 * GiB and free == total - 300 * MiB
+    assert reserved == 100 * MiB and free2 == free - reserved  # device used = context + reserved
+
+
+def test_allocating_the_whole_device_then_one_more_segment():
+    free, total = torch.cuda.mem_get_info()
+    assert total == torch.cuda.get_device_properties(0).total_memory
+    fits = free // (2 * MiB) * (2 * MiB)  # segments are whole 2 MiB pages
+    x = torch.empty(fits, dtype=torch.uint8, device="cuda")
+    assert torch.cuda.mem_get_info()[0] == free - fits
+    with pytest.raises(torch.cuda.OutOfMemoryError, match="GPU 0 has a total capacity of"):
+        torch.empty(2 * MiB + 1, dtype=torch.uint8, device="cuda")
+    del x
+    torch.cuda.empty_cache()
+    assert torch.cuda.mem_get_info()[0] == free
+
+
+def test_an_allocation_past_the_device_is_a_recorded_oom(tmp_path):
+    total = torch.cuda.get_device_properties(0).total_memory
+    path = tmp_path / "oom.alsc"
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        with allocscope.record(path, device="cuda"):
+            free = torch.cuda.mem_get_info()[0]
+            torch.empty(total, dtype=torch.uint8, device="cuda")
+    cap = allocscope.load(path)
+    ev = cap.events
+    (oom,) = np.flatnonzero(ev.kind == EventKind.OOM)
+    assert ev.size[oom] == total and ev.arg[oom] == free  # the device's free bytes, as c10 read them
+    assert cap.complete and cap.metadata["virtual_gpu"]["devices"][0]["total"] == total
+
+
+def test_memory_fraction_and_empty_cache_as_c10_does():
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(0.25)
+    allowed = int(0.25 * total)
+    x = torch.empty(allowed // 2, dtype=torch.uint8, device="cuda")
+    with pytest.raises(torch.cuda.OutOfMemoryError, match="allowed"):
+        torch.empty(allowed // 2 + 64 * MiB, dtype=torch.uint8, device="cuda")
+    assert torch.cuda.memory_stats()["num_ooms"] >= 1
+    del x
+    cached = torch.cuda.memory_reserved()
+    assert cached >= allowed // 2  # freed, but cached
+    torch.cuda.empty_cache()
+    assert torch.cuda.memory_reserved() == 0
+    assert vgpu.state()["devices"][0]["used"] == vgpu.state()["devices"][0]["context_bytes"]
+
+
+def test_snapshot_segments_equal_the_captures_end_baseline(tmp_path):
+    path = tmp_path / "snap.alsc"
+    with allocscope.record(path, device="cuda"):
+        keep = [torch.empty(n, device="cuda") for n in (100, 300_000, 3_000_000, 7_000_000)]
+        for _ in range(3):
+            y = torch.randn(1024, 1024, device="cuda") @ torch.randn(1024, 1024, device="cuda")
+            del y
+        del keep[1]
+        snapshot = torch.cuda.memory_snapshot()
+    ours = allocscope.load(path).baseline("end")["segments"]
+    assert len(ours) == len(snapshot) > 1
+    by_address = {s["address"]: s for s in ours}
+    for s in snapshot:
+        mine = by_address[s["address"]]
+        assert (mine["total_size"], mine["stream"], mine["is_large"]) == (s["total_size"], s["stream"],
+                                                                          s["segment_type"] == "large")
+        assert mine["blocks"] == [[b["size"], b["requested_size"], b["state"] == "active_allocated",
+                                   b["state"] != "inactive"] for b in s["blocks"]]
+
+
+def _cudart():
+    import ctypes
+
+    (name,) = [n for n in os.listdir(vgpu.LIB_DIR) if n.startswith("libcudart.so.")]
+    return ctypes.CDLL(os.path.join(vgpu.LIB_DIR, name))  # the loaded stand-in
+
+
+def test_copies_and_sets_are_real_kernels_compute_nothing():
+    values = torch.arange(1, 1001, dtype=torch.float32)
+    on_device = values.cuda()
+    assert torch.equal(on_device.cpu(), values)  # memcpy host -> device -> host
+    assert torch.equal(on_device.clone().cpu(), values)  # device -> device
+    assert _cudart().cudaMemset(ctypes_ptr(on_device), 0, 400) == 0  # the first 100 floats
+    assert torch.count_nonzero(on_device.cpu()).item() == 900
+    doubled = on_device * 2  # a kernel: runs nothing, so the output is whatever the block held
+    assert doubled.shape == values.shape and doubled.device.type == "cuda"
+
+
+def ctypes_ptr(t):
+    import ctypes
+
+    return ctypes.c_void_p(t.data_ptr())
+
+
+def test_events_pend_for_one_query_and_a_busy_stream_until_it_is_synchronized():
+    side = torch.cuda.Stream()
+    event = torch.cuda.Event()
+    event.record(side)
+    assert not event.query()  # the first query: still running
+    assert event.query()  # the next: done
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(1_000_000)  # a busy kernel
+    busy = torch.cuda.Event()
+    busy.record(side)
+    assert not any(busy.query() for _ in range(5))
+    side.synchronize()
+    assert busy.query()
+
+
+def test_memory_costs_no_host_memory_until_written():
+    out = on_vgpu("""
+        import json, torch
+        def rss():
+            with open("/proc/self/status") as f:
+                return next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmRSS:"))
+        torch.empty(1, device="cuda")  # CUDA and the allocator up
+        before = rss()
+        held = [torch.empty(1 << 30, dtype=torch.uint8, device="cuda") for _ in range(60)]  # 60 GiB, never written
+        zeros = torch.zeros(10 << 30, dtype=torch.uint8, device="cuda")  # 10 GiB, a fill kernel: runs nothing
+        after = rss()
+        # written memory costs what it holds; set back to zero, it costs nothing again
+        import ctypes, os
+        from allocscope import vgpu
+        (name,) = [n for n in os.listdir(vgpu.LIB_DIR) if n.startswith("libcudart.so.")]
+        cudart = ctypes.CDLL(os.path.join(vgpu.LIB_DIR, name))
+        written = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+        ptr = ctypes.c_void_p(written.data_ptr())
+        assert cudart.cudaMemset(ptr, 1, 256 << 20) == 0
+        full = rss()
+        assert cudart.cudaMemset(ptr, 0, 256 << 20) == 0
+        cleared = rss()
+        print(json.dumps([torch.cuda.memory_allocated(), before, after, full, cleared, int(written.cpu().sum())]))
+    """, "H100-80GB")
+    assert out.returncode == 0, out.stderr
+    allocated, before, after, full, cleared, total = json.loads(out.stdout)
+    assert allocated == 70 * GiB + 256 * MiB
+    assert after - before < GiB, (before, after)
+    assert full - after >= 250 * MiB and full - cleared >= 250 * MiB and total == 0
+
+
+def test_a_training_step_captured_in_a_cuda_graph(tmp_path):
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)).cuda()
+    opt = torch.optim.Adam(model.parameters(), capturable=True)
+    x, y = torch.randn(64, 256, device="cuda"), torch.randint(0, 10, (64,), device="cuda")
+
+    def step():
+        opt.zero_grad(set_to_none=False)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    warm = torch.cuda.Stream()
+    warm.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(warm):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(warm)
+    path = tmp_path / "graph_step.alsc"
+    with allocscope.record(path, device="cuda"):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+        torch.cuda.synchronize()
+        allocscope.mark("captured")
+        reserved = torch.cuda.memory_reserved()
+        for _ in range(3):
+            graph.replay()
+        torch.cuda.synchronize()
+        assert torch.cuda.memory_reserved() == reserved  # replays allocate nothing
+    cap = allocscope.load(path)
+    ev = cap.events
+    (mark,) = np.flatnonzero(ev.kind == EventKind.MARK)
+    assert (ev.kind[:mark] == EventKind.ALLOC).any()  # the capture allocated from its private pool
+    assert not (ev.kind[mark:] == EventKind.ALLOC).any()
+    pools = {tuple(s["pool"]) for s in cap.baseline("end")["segments"]}
+    assert any(p != (0, 0) for p in pools)

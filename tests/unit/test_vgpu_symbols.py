@@ -1,0 +1,115 @@
+"""The virtual GPU's stand-in libraries provide every function the installed
+torch imports from the CUDA libraries they stand in for, under the same
+SONAMEs and symbol versions. Read from the installed torch's own dynamic
+symbol tables (as test_header_audit.py reads its headers), not from a list,
+so that a torch upgrade that imports something new fails here."""
+
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from allocscope import vgpu
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [
+    pytest.mark.skipif(torch.version.cuda is None, reason="needs a CUDA build of torch"),
+    pytest.mark.skipif(shutil.which("nm") is None or shutil.which("readelf") is None, reason="needs binutils"),
+    pytest.mark.skipif(not vgpu.available(), reason="allocscope was built without the virtual GPU"),
+]
+
+MAJOR = int((torch.version.cuda or "0").split(".")[0])
+TORCH_LIBS = sorted(glob.glob(os.path.join(os.path.dirname(torch.__file__), "lib", "*.so*")))
+# Imports without a version that name driver functions (libcaffe2_nvrtc links
+# libcuda.so.1); cuFile* is libcufile's.
+DRIVER = re.compile(r"^cu(?!File)[A-Z]\w*$")
+
+
+def _symbols(path: str, *flags: str) -> list[tuple[str, str | None]]:
+    out = subprocess.run(["nm", "-D", "--with-symbol-versions", *flags, path], capture_output=True, text=True,
+                         check=True).stdout
+    result = []
+    for line in out.splitlines():
+        name = line.split()[-1]
+        base, _, version = name.replace("@@", "@").partition("@")
+        result.append((base, version or None))
+    return result
+
+
+def _imports() -> dict[str, set[str]]:
+    """{library the import names (its version node, or libcuda.so.1): names}."""
+    by_lib: dict[str, set[str]] = {}
+    for path in TORCH_LIBS:
+        for name, version in _symbols(path, "--undefined-only"):
+            if version and (version.startswith("libcu") or version.startswith("libnvidia")):
+                by_lib.setdefault(version, set()).add(name)
+            elif version is None and DRIVER.match(name):
+                by_lib.setdefault("libcuda.so.1", set()).add(name)
+    return by_lib
+
+
+def _defined(lib: str) -> set[tuple[str, str | None]]:
+    return set(_symbols(os.path.join(vgpu.LIB_DIR, lib), "--defined-only"))
+
+
+def _strings(path: str, pattern: str) -> set[str]:
+    with open(path, "rb") as f:
+        data = f.read()
+    return {m.decode() for m in re.findall(rb"\x00(" + pattern.encode() + rb")\x00", data)}
+
+
+@pytest.mark.parametrize("lib", [f"libcudart.so.{MAJOR}", f"libcublas.so.{MAJOR}", f"libcublasLt.so.{MAJOR}"])
+def test_every_versioned_import_of_torch_is_defined_with_its_version(lib):
+    wanted = _imports().get(lib)
+    assert wanted, f"torch imports nothing from {lib}: is this the CUDA {MAJOR} build it claims to be?"
+    missing = {(name, lib) for name in wanted} - _defined(lib)
+    assert not missing, f"{lib} stand-in lacks {sorted(n for n, _ in missing)}"
+
+
+def test_every_driver_function_torch_links_is_defined():
+    wanted = _imports().get("libcuda.so.1", set())
+    assert "cuLaunchKernel" in wanted  # libcaffe2_nvrtc's imports were read
+    missing = wanted - {name for name, _ in _defined("libcuda.so.1")}
+    assert not missing, f"libcuda.so.1 stand-in lacks {sorted(missing)}"
+
+
+def test_every_driver_entry_point_c10_asks_for_is_handed_out():
+    # c10 names the driver functions it wants as strings, and fetches them
+    # through cudaGetDriverEntryPointByVersion: ask the stand-in for each (in
+    # a child process: loading a libcuda.so.1 here would reach torch's CUDA).
+    c10_cuda = os.path.join(os.path.dirname(torch.__file__), "lib", "libc10_cuda.so")
+    names = sorted(_strings(c10_cuda, r"cu[A-Z][A-Za-z0-9_]+"))
+    assert "cuMemCreate" in names and "cuMemMap" in names
+    code = ("import ctypes, sys; lib = ctypes.CDLL(sys.argv[1]); f = lib.vgpu_driver_entry_point; "
+            "f.restype = ctypes.c_void_p; f.argtypes = [ctypes.c_char_p]; "
+            "print(' '.join(n for n in sys.argv[2:] if not f(n.encode())))")
+    out = subprocess.run([sys.executable, "-c", code, os.path.join(vgpu.LIB_DIR, "libcuda.so.1"), *names],
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [], "not handed out by cudaGetDriverEntryPointByVersion"
+
+
+def test_every_nvml_function_c10_opens_is_defined():
+    c10_cuda = os.path.join(os.path.dirname(torch.__file__), "lib", "libc10_cuda.so")
+    names = _strings(c10_cuda, r"nvml[A-Z][A-Za-z0-9_]+")
+    assert "nvmlDeviceGetComputeRunningProcesses" in names
+    missing = names - {name for name, _ in _defined("libnvidia-ml.so.1")}
+    assert not missing, f"libnvidia-ml.so.1 stand-in lacks {sorted(missing)}"
+
+
+def test_sonames_match_the_libraries_torch_links():
+    needed = set()
+    for path in TORCH_LIBS:
+        dynamic = subprocess.run(["readelf", "-d", path], capture_output=True, text=True, check=True).stdout
+        needed |= set(re.findall(r"\(NEEDED\)\s+Shared library: \[(.+?)\]", dynamic))
+    for lib in (f"libcudart.so.{MAJOR}", f"libcublas.so.{MAJOR}", f"libcublasLt.so.{MAJOR}"):
+        assert lib in needed
+    for lib in (f"libcudart.so.{MAJOR}", f"libcublas.so.{MAJOR}", f"libcublasLt.so.{MAJOR}", "libcuda.so.1",
+                "libnvidia-ml.so.1"):
+        dynamic = subprocess.run(["readelf", "-d", os.path.join(vgpu.LIB_DIR, lib)], capture_output=True, text=True,
+                                 check=True).stdout
+        assert re.search(rf"\(SONAME\)\s+Library soname: \[{re.escape(lib)}\]", dynamic), lib
