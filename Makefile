@@ -1,33 +1,50 @@
 # The two commands (README.md):
-#   make demo   set up from a fresh clone, record a small training run, explain its peak
+#   make demo   set up from a fresh clone, record a small training run on CUDA
+#               (the GPU, or a virtual H100 where there is none), explain its peak
 #   make test   set up from a fresh clone (Chromium from Debian for the HTML tests
-#               included) and run the tests (.ci/run runs this)
+#               included) and run the tests (.ci/run runs this): everything but the
+#               `cuda` tests, then the `cuda` tests on the virtual GPU, on torch
+#               2.14 and on torch 2.11
 #
 # Set-up makes .venv with the pinned torch (a CUDA build, so the CUDA wrapper
-# compiles here even without a GPU) and builds the extension in place.
+# and the virtual GPU compile here even without a GPU) and builds in place.
 # `make test-system` builds and tests against the python3 on PATH and its
-# torch instead (e.g. a GPU machine with torch preinstalled and no network).
+# torch instead (e.g. a GPU machine with torch preinstalled and no network);
+# `make gpu-check` does that on a GPU machine and measures what only a GPU can
+# tell, into one folder to bring back (GPU_CHECK_OUT).
 
 PYTHON ?= python3
 TORCH ?= 2.14.1
 VENV := .venv
 PY := $(VENV)/bin/python
-SOURCES := $(wildcard csrc/*.cpp csrc/*.h csrc/testing/*.cpp csrc/testing/*.h) setup.py
+SOURCES := $(wildcard csrc/*.cpp csrc/*.h csrc/testing/*.cpp csrc/testing/*.h csrc/vgpu/*.cpp csrc/vgpu/*.h csrc/vgpu/*.inc) setup.py
 COMPAT_TORCH := 2.11.0
 COMPAT_VENV := .venv-torch$(COMPAT_TORCH)
+# The virtual GPU the `cuda` tests run on where there is no GPU.
+VGPU ?= H100-80GB
+# Two sessions: the virtual GPU makes CUDA available to the whole process,
+# which would change what the CPU-path tests exercise.
+PYTEST_SESSIONS = $(1) -m pytest -q tests -m "not cuda" $(2) && \
+	$(1) -m pytest -q tests -m cuda --vgpu $(VGPU) --tb=short $(2)
+GPU_CHECK_OUT ?= gpu-check
 
-.PHONY: demo test test-main test-compat test-system browser bench clean
+.PHONY: demo test test-main test-compat test-system gpu-check browser bench clean
 
+# CUDA first: on the GPU if there is one, else on a virtual H100 (torch's real
+# caching allocator); then a shorter CPU recording.
 demo: $(VENV)/.built
-	$(PY) -m allocscope run -f -o demo.alsc -- $(PY) examples/train.py --steps 3
+	$(PY) -m allocscope run $$($(PY) -c "import torch; print('' if torch.cuda.is_available() else '--gpu $(VGPU)')") \
+	  -f -o demo.alsc -- $(PY) examples/train.py --steps 3
 	$(PY) -m allocscope info demo.alsc
 	$(PY) -m allocscope report demo.alsc
 	$(PY) -m allocscope html -f demo.alsc -o demo.html
+	$(PY) -m allocscope run --device cpu -f -o demo-cpu.alsc -- $(PY) examples/train.py --steps 2 --device cpu
+	$(PY) -m allocscope info demo-cpu.alsc
 
 test: browser test-main test-compat
 
 test-main: $(VENV)/.built
-	$(PY) -m pytest -q tests
+	$(call PYTEST_SESSIONS,$(PY),)
 
 # The HTML report's tests drive a headless Chromium from Debian's packages.
 # Without one (no root, no package mirror) those tests are skipped, loudly.
@@ -59,18 +76,28 @@ test-compat:
 	fi
 	@if [ -f $(COMPAT_VENV)/.deps ]; then \
 	  rm -rf build-compat && mkdir -p build-compat && cp -r setup.py pyproject.toml csrc python tests examples docs build-compat/ && \
-	  find build-compat -name '*.so' -delete && \
+	  find build-compat -name '*.so' -delete && rm -rf build-compat/python/allocscope/vgpu/lib && \
 	  cd build-compat && ../$(COMPAT_VENV)/bin/python -m pip install -q --no-build-isolation --no-deps -e . && \
-	  ../$(COMPAT_VENV)/bin/python -m pytest -q tests -p no:cacheprovider; \
+	  { $(call PYTEST_SESSIONS,../$(COMPAT_VENV)/bin/python,-p no:cacheprovider); }; \
 	fi
 
+# With a GPU, everything runs on it (the `cuda` and `gpu_hardware` tests
+# included); without one, as `make test` does.
 test-system:
 	$(PYTHON) -m pip install -q --no-build-isolation --no-deps -e .
-	$(PYTHON) -m pytest -q tests
+	@if $(PYTHON) -c "import torch, sys; sys.exit(not torch.cuda.is_available())"; then \
+	  $(PYTHON) -m pytest -q tests; else $(call PYTEST_SESSIONS,$(PYTHON),); fi
+
+# On a machine with a GPU and torch preinstalled, in one call: build, the
+# whole suite on the GPU, the step benchmark, the fixtures recorded on the GPU
+# and on the virtual GPU and compared; everything under $(GPU_CHECK_OUT)/.
+gpu-check:
+	$(PYTHON) -m pip install -q --no-build-isolation --no-deps -e .
+	$(PYTHON) benchmarks/gpu_check.py --out $(GPU_CHECK_OUT)
 
 bench: $(VENV)/.built
 	$(PY) benchmarks/bench_cpu_overhead.py
 	$(PY) benchmarks/bench_load.py
 
 clean:
-	rm -rf build build-compat python/allocscope/_C*.so demo.alsc demo.html
+	rm -rf build build-compat python/allocscope/_C*.so python/allocscope/vgpu/lib demo.alsc demo-cpu.alsc demo.html

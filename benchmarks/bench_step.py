@@ -11,6 +11,8 @@ Also compares file sizes: an allocscope capture of the measured steps against
 torch's _dump_snapshot pickle of the same steps.
 
     python benchmarks/bench_step.py                 # on CUDA (the numbers that matter)
+    python benchmarks/bench_step.py --gpu H100-80GB # on the virtual GPU: kernels cost nothing, so this is
+                                                    # the CPU time each recorder adds to a step
     python benchmarks/bench_step.py --device cpu --small   # smoke run anywhere
 """
 
@@ -24,7 +26,7 @@ import torch
 from torch import nn
 
 import allocscope
-from _common import emit, environment
+from _common import emit, environment, on_virtual_gpu
 
 
 class Block(nn.Module):
@@ -134,7 +136,9 @@ def main():
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--small", action="store_true", help="tiny models (smoke test)")
     parser.add_argument("--out", help="also write the JSON here")
+    parser.add_argument("--gpu", help="run on this virtual GPU (allocscope run --gpu list)")
     args = parser.parse_args()
+    on_virtual_gpu(args.gpu)
     torch.manual_seed(0)
     tmp = tempfile.mkdtemp()
     path = os.path.join(tmp, "step.alsc")

@@ -167,6 +167,14 @@ API nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t, unsigned int,
 API nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t, unsigned int, int*) {
   return kNotSupported;
 }
-API nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t, void*) {
-  return kNotSupported;
+// Answered as a card outside any NVLink fabric does: state NOT_SUPPORTED (0).
+// The struct's first word is its version, whose low 24 bits are its size.
+API nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device, void* info) {
+  if (index_of(device) < 0 || info == nullptr) return kInvalidArgument;
+  unsigned int version = 0;
+  std::memcpy(&version, info, sizeof(version));
+  size_t size = version & 0xffffff;
+  if (size <= sizeof(version) || size > 4096) return kInvalidArgument;
+  std::memset(static_cast<char*>(info) + sizeof(version), 0, size - sizeof(version));
+  return kSuccess;
 }

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 import allocscope
 from allocscope import EventKind
@@ -105,3 +106,34 @@ def test_run_with_allocscope_watch_in_the_script(tmp_path):
     assert r["at"]["by_category"]["parameter"] == params
     assert r["at"]["by_category"]["optimizer_state"] == 2 * params + 4 * 4  # two moments, four step counters
     assert [i["iteration"] for i in r["iterations"]] == [0, 1, 2, 3]
+
+
+def _virtual(tmp_path, *args):
+    cmd = [sys.executable, "-m", "allocscope", "run", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+
+
+@pytest.mark.skipif(not allocscope.vgpu.available(), reason="built without the virtual GPU")
+def test_run_on_a_virtual_gpu_records_its_cuda_memory(tmp_path):
+    out = tmp_path / "t4.alsc"
+    result = _virtual(tmp_path, "--gpu", "T4-16GB", "-o", str(out), "--", os.path.join(ROOT, "examples", "train.py"),
+                      "--steps", "2")
+    assert result.returncode == 0, result.stderr
+    cap = allocscope.load(out)
+    assert cap.complete and cap.metadata["devices_recorded"] == ["cuda"]
+    assert cap.metadata["cuda_devices"][0]["name"] == "Tesla T4"
+    assert cap.metadata["virtual_gpu"]["spec"] == "T4-16GB"
+    ev = cap.events
+    assert (ev.kind == EventKind.SEGMENT_ALLOC).any() and (ev.kind == EventKind.ALLOC).sum() > 50
+
+
+@pytest.mark.skipif(not allocscope.vgpu.available(), reason="built without the virtual GPU")
+def test_run_without_recording_on_a_card_too_small(tmp_path):
+    script = tmp_path / "big.py"
+    script.write_text("import torch\nx = torch.empty(1 << 30, dtype=torch.uint8, device='cuda')\nprint('fits')\n")
+    ok = _virtual(tmp_path, "--gpu", "L4-24GB", "--no-record", "--", str(script))
+    assert ok.returncode == 0 and ok.stdout.strip() == "fits", ok.stderr
+    assert os.listdir(tmp_path) == ["big.py"]  # nothing written
+    small = _virtual(tmp_path, "--gpu", "L4-24GB", "--gpu-memory", "1GiB", "--no-record", "--", str(script))
+    assert small.returncode == 1 and "OutOfMemoryError" in small.stderr
+    assert "total capacity of 1024.00 MiB" in small.stderr

@@ -104,6 +104,7 @@ def test_an_allocation_past_the_device_is_a_recorded_oom(tmp_path):
 
 def test_memory_fraction_and_empty_cache_as_c10_does():
     total = torch.cuda.get_device_properties(0).total_memory
+    held = torch.cuda.memory_reserved()  # by tensors of earlier tests still alive (graphs' pools, ...)
     torch.cuda.set_per_process_memory_fraction(0.25)
     allowed = int(0.25 * total)
     x = torch.empty(allowed // 2, dtype=torch.uint8, device="cuda")
@@ -114,8 +115,9 @@ def test_memory_fraction_and_empty_cache_as_c10_does():
     cached = torch.cuda.memory_reserved()
     assert cached >= allowed // 2  # freed, but cached
     torch.cuda.empty_cache()
-    assert torch.cuda.memory_reserved() == 0
-    assert vgpu.state()["devices"][0]["used"] == vgpu.state()["devices"][0]["context_bytes"]
+    assert torch.cuda.memory_reserved() == held
+    device = vgpu.state()["devices"][0]
+    assert device["used"] == device["context_bytes"] + held  # every segment was given back to the device
 
 
 def test_snapshot_segments_equal_the_captures_end_baseline(tmp_path):

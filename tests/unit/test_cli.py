@@ -44,6 +44,10 @@ def test_dump_text_json_filters_and_stacks(capsys):
     (["info", "/nonexistent.alsc"], "cannot read"),
     (["dump", __file__], "not an allocscope capture"),
     (["run", "-o", "x.alsc"], "no command given"),
+    (["run", "--gpu", "B200-192GB", "-o", "x.alsc", "--", "x.py"], "unknown GPU 'B200-192GB'"),
+    (["run", "--no-record", "--", "x.py"], "--no-record runs on the virtual GPU"),
+    (["run", "--gpu", "H100-80GB", "--gpu-memory", "lots", "-o", "x.alsc", "--", "x.py"], "not a size"),
+    (["run", "--gpu", "H100-80GB", "--", "x.py"], "give the capture file"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message):
     result = cli(*args)
@@ -68,3 +72,14 @@ def test_wrong_arguments_exit_2():
     for command in ("run", "info", "dump"):
         result = cli(command, "--help")
         assert result.returncode == 0 and "examples:" in result.stdout
+
+
+def test_run_lists_the_virtual_gpus():
+    from allocscope import vgpu
+
+    if not vgpu.available():
+        pytest.skip("built without the virtual GPU")
+    result = cli("run", "--gpu", "list")
+    assert result.returncode == 0
+    for p in vgpu.presets():
+        assert p.key in result.stdout and p.name in result.stdout

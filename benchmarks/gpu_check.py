@@ -1,0 +1,189 @@
+"""What only a real GPU can tell, in one call (make gpu-check), into one folder.
+
+    python benchmarks/gpu_check.py --out gpu-check
+
+On a machine with a GPU and torch preinstalled (allocscope built in place):
+  1. machine.json: nvidia-smi, torch, the device's properties, and the CUDA
+     context's real share of device memory (used before the first tensor,
+     and after a cuBLAS matmul): what the virtual GPU's presets and its
+     context default (docs/vgpu.md) are to be checked against;
+  2. pytest.log, pytest.xml: the whole suite on the GPU, the `cuda` and
+     `gpu_hardware` tests included;
+  3. step_gpu.json: benchmarks/bench_step.py on the GPU;
+  4. fixtures/real/*.alsc, fixtures/virtual/*.alsc, fixtures.json: the CUDA
+     fixtures (tests/data/make_fixtures.py) recorded on the GPU, and on the
+     virtual GPU of the same model, memory and context, with the same torch;
+     compared: peak reserved and requested bytes, the segment events (kind and
+     size, in order), OOMs;
+  5. summary.json: what ran, how long, its exit status.
+Each step runs in its own process with a time limit; a failing step does not
+stop the others. Without a GPU (--virtual, for testing this script) the
+"real" side runs on a virtual GPU too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+FIXTURES = ["cuda_train_v1", "cuda_watch_v1", "cuda_fragment_v1", "cuda_fragment_expandable_v1", "cuda_oom_v1"]
+
+MACHINE = r"""
+import json, sys, torch
+from allocscope import vgpu
+p = torch.cuda.get_device_properties(0)
+free0, total = torch.cuda.mem_get_info()          # the context exists now
+x = torch.randn(256, 256, device="cuda")
+y = x @ x                                           # cuBLAS handles and workspaces
+torch.cuda.synchronize()
+free1, _ = torch.cuda.mem_get_info()
+print(json.dumps({
+    "torch": torch.__version__, "cuda": torch.version.cuda, "virtual": vgpu.active(),
+    "device": {"name": p.name, "total_memory": p.total_memory, "capability": f"{p.major}.{p.minor}",
+               "multi_processor_count": p.multi_processor_count, "l2_cache_size": p.L2_cache_size},
+    "mem_get_info_total": total,
+    "used_before_first_tensor": total - free0,
+    "used_after_matmul": total - free1,
+    "reserved_after_matmul": torch.cuda.memory_reserved(),
+    "outside_allocator_after_matmul": total - free1 - torch.cuda.memory_reserved(),
+}))
+"""
+
+
+def step(summary: list, name: str, cmd: list[str], out: str, timeout: float, env: dict | None = None) -> int:
+    t0 = time.time()
+    with open(os.path.join(out, f"{name}.log"), "w") as log:
+        try:
+            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, timeout=timeout,
+                                env=env).returncode
+        except subprocess.TimeoutExpired:
+            rc = 124
+    summary.append({"step": name, "command": " ".join(cmd), "seconds": round(time.time() - t0, 1), "exit": rc})
+    print(f"gpu-check: {name}: exit {rc} after {summary[-1]['seconds']} s", file=sys.stderr)
+    return rc
+
+
+def preset_for(name: str) -> str:
+    from allocscope import vgpu
+
+    for p in vgpu.presets():
+        if p.name == name:
+            return p.key
+    for p in vgpu.presets():  # e.g. "NVIDIA H100 PCIe": the same chip family
+        if p.key.split("-")[0] in name:
+            return p.key
+    return "H100-80GB"
+
+
+def compare(real_path: str, virtual_path: str) -> dict:
+    import numpy as np
+
+    import allocscope
+    from allocscope import EventKind
+    from allocscope.analysis.lifetimes import live_bytes
+    from allocscope.analysis.replay import recorded_reserved
+
+    caps = {"real": allocscope.load(real_path), "virtual": allocscope.load(virtual_path)}
+    out: dict = {}
+    for side, cap in caps.items():
+        ev = cap.events
+        seg = np.flatnonzero((ev.kind >= EventKind.SEGMENT_ALLOC) & (ev.kind <= EventKind.SEGMENT_UNMAP))
+        out[side] = {
+            "peak_reserved": int(recorded_reserved(cap).max()),
+            "peak_requested": int(np.max(live_bytes(ev), initial=0)),
+            "allocations": int((ev.kind == EventKind.ALLOC).sum()),
+            "ooms": int((ev.kind == EventKind.OOM).sum()),
+            "segment_events": [[EventKind(int(ev.kind[i])).name.lower(), int(ev.size[i])] for i in seg],
+        }
+    r, v = out["real"]["segment_events"], out["virtual"]["segment_events"]
+    first = next((i for i, (a, b) in enumerate(zip(r, v)) if a != b), None if len(r) == len(v) else min(len(r), len(v)))
+    out["same_segment_events"] = first is None
+    out["first_segment_difference"] = first
+    out["same_peak_reserved"] = out["real"]["peak_reserved"] == out["virtual"]["peak_reserved"]
+    for side in ("real", "virtual"):
+        out[side]["segment_events"] = len(out[side]["segment_events"])
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="gpu-check")
+    parser.add_argument("--virtual", action="store_true", help="no GPU here: the real side runs on a virtual GPU")
+    parser.add_argument("--skip-tests", action="store_true", help="leave out the test suite")
+    args = parser.parse_args()
+    out = os.path.abspath(args.out)
+    os.makedirs(out, exist_ok=True)
+    import torch
+
+    from allocscope import vgpu
+
+    summary: list = []
+    real_env = dict(os.environ)
+    if args.virtual:
+        real_env = vgpu.environment("H100-80GB")
+    elif not torch.cuda.is_available():
+        print("gpu-check: no GPU here (use --virtual to test this script)", file=sys.stderr)
+        return 2
+    python = sys.executable
+
+    # 1. the machine
+    if shutil.which("nvidia-smi"):
+        step(summary, "nvidia-smi", ["nvidia-smi"], out, 60)
+    machine_log = os.path.join(out, "machine.log")
+    step(summary, "machine", [python, "-c", MACHINE], out, 300, real_env)
+    with open(machine_log) as f:
+        machine = json.loads(f.read().strip().splitlines()[-1])
+    with open(os.path.join(out, "machine.json"), "w") as f:
+        json.dump(machine, f, indent=2)
+
+    # 2. the suite, on the GPU
+    if not args.skip_tests:
+        extra = ["--vgpu", "H100-80GB", "-m", "cuda"] if args.virtual else []
+        step(summary, "pytest", [python, "-m", "pytest", "-q", "tests", "-p", "no:cacheprovider", "--tb=short",
+                                 f"--junitxml={os.path.join(out, 'pytest.xml')}", *extra], out, 1200, real_env)
+
+    # 3. the step benchmark
+    step(summary, "bench_step", [python, "benchmarks/bench_step.py", "--out", os.path.join(out, "step_gpu.json")],
+         out, 900, real_env)
+
+    # 4. fixtures: real, and virtual of the same model, memory and context
+    preset = preset_for(machine["device"]["name"])
+    real_dir, virtual_dir = os.path.join(out, "fixtures", "real"), os.path.join(out, "fixtures", "virtual")
+    step(summary, "fixtures_real", [python, "tests/data/make_fixtures.py", "--cuda", "--out", real_dir]
+         + (["--gpu", "H100-80GB"] if args.virtual else []), out, 900, real_env)
+    virtual_env = vgpu.environment(preset, memory=machine["mem_get_info_total"],
+                                   context=max(machine["used_before_first_tensor"], 0))
+    # (on the virtual GPU, make_fixtures sees CUDA and records on it, children included)
+    step(summary, "fixtures_virtual", [python, "tests/data/make_fixtures.py", "--cuda", "--out", virtual_dir], out,
+         900, virtual_env)
+    comparison = {"virtual_gpu": {"preset": preset, "memory": machine["mem_get_info_total"],
+                                  "context": machine["used_before_first_tensor"]}}
+    for name in FIXTURES:
+        real, virtual = os.path.join(real_dir, f"{name}.alsc"), os.path.join(virtual_dir, f"{name}.alsc")
+        if os.path.exists(real) and os.path.exists(virtual):
+            try:
+                comparison[name] = compare(real, virtual)
+            except Exception as e:  # a broken capture is a finding, not a crash
+                comparison[name] = {"error": f"{type(e).__name__}: {e}"}
+        else:
+            comparison[name] = {"error": "missing", "real": os.path.exists(real), "virtual": os.path.exists(virtual)}
+    with open(os.path.join(out, "fixtures.json"), "w") as f:
+        json.dump(comparison, f, indent=2)
+
+    with open(os.path.join(out, "summary.json"), "w") as f:
+        json.dump({"command": " ".join(sys.argv), "torch": torch.__version__, "virtual": args.virtual,
+                   "machine": machine, "steps": summary}, f, indent=2)
+    print(json.dumps({"steps": summary, "fixtures": {k: v.get("same_segment_events") for k, v in comparison.items()
+                                                     if isinstance(v, dict) and "real" in v}}, indent=2))
+    return 0 if all(s["exit"] == 0 for s in summary) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
