@@ -3,7 +3,7 @@
 // copies copy; every computing function succeeds and computes nothing
 // (cublas_inert.cpp). torch allocates cuBLAS workspaces itself, through the
 // caching allocator, so they show up in a capture as on a real GPU.
-#include <cublas_api.h>
+#include <cublas_v2.h>
 
 #include "core.h"
 

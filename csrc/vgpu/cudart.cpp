@@ -660,9 +660,10 @@ API cudaError_t cudaStreamIsCapturing(cudaStream_t handle, cudaStreamCaptureStat
   *status = static_cast<cudaStreamCaptureStatus>(s);
   return cudaSuccess;
 }
-API cudaError_t cudaStreamGetCaptureInfo(cudaStream_t handle, cudaStreamCaptureStatus* status, unsigned long long* id,
-                                         cudaGraph_t* graph, const cudaGraphNode_t** dependencies,
-                                         const cudaGraphEdgeData** edge_data, size_t* num_dependencies) {
+namespace {
+cudaError_t capture_info(cudaStream_t handle, cudaStreamCaptureStatus* status, unsigned long long* id,
+                         cudaGraph_t* graph, const cudaGraphNode_t** dependencies,
+                         const cudaGraphEdgeData** edge_data, size_t* num_dependencies) {
   STREAM_OR_RETURN(stream, handle);
   vgpu::CaptureStatus s;
   uint64_t capture_id = 0;
@@ -676,10 +677,70 @@ API cudaError_t cudaStreamGetCaptureInfo(cudaStream_t handle, cudaStreamCaptureS
   if (num_dependencies != nullptr) *num_dependencies = 0;
   return cudaSuccess;
 }
+cudaError_t add_node(cudaGraphNode_t* node, cudaGraph_t graph_handle) {
+  vgpu::Graph* graph = vgpu::resolve_graph(graph_handle);
+  if (graph == nullptr) return ret(cudaErrorInvalidValue);
+  *node = reinterpret_cast<cudaGraphNode_t>(graph);  // an opaque handle; nodes are only counted
+  return cudaSuccess;
+}
+}  // namespace
+
+// CUDA 13 added edge data to these; CUDA 12 has both forms (the edge-data one
+// as _v2/_v3), and its header maps cudaStreamGetCaptureInfo to _v2.
+#if CUDART_VERSION >= 13000
+API cudaError_t cudaStreamGetCaptureInfo(cudaStream_t handle, cudaStreamCaptureStatus* status, unsigned long long* id,
+                                         cudaGraph_t* graph, const cudaGraphNode_t** dependencies,
+                                         const cudaGraphEdgeData** edge_data, size_t* num_dependencies) {
+  return capture_info(handle, status, id, graph, dependencies, edge_data, num_dependencies);
+}
 API cudaError_t cudaStreamUpdateCaptureDependencies(cudaStream_t, cudaGraphNode_t*, const cudaGraphEdgeData*, size_t,
                                                     unsigned int) {
   return cudaSuccess;
 }
+API cudaError_t cudaGraphNodeGetDependencies(cudaGraphNode_t, cudaGraphNode_t*, cudaGraphEdgeData*, size_t* count) {
+  *count = 0;
+  return cudaSuccess;
+}
+API cudaError_t cudaGraphAddNode(cudaGraphNode_t* node, cudaGraph_t graph, const cudaGraphNode_t*,
+                                 const cudaGraphEdgeData*, size_t, cudaGraphNodeParams*) {
+  return add_node(node, graph);
+}
+#else
+API cudaError_t cudaStreamGetCaptureInfo(cudaStream_t handle, cudaStreamCaptureStatus* status, unsigned long long* id,
+                                         cudaGraph_t* graph, const cudaGraphNode_t** dependencies,
+                                         size_t* num_dependencies) {
+  return capture_info(handle, status, id, graph, dependencies, nullptr, num_dependencies);
+}
+API cudaError_t cudaStreamGetCaptureInfo_v3(cudaStream_t handle, cudaStreamCaptureStatus* status,
+                                            unsigned long long* id, cudaGraph_t* graph,
+                                            const cudaGraphNode_t** dependencies, const cudaGraphEdgeData** edge_data,
+                                            size_t* num_dependencies) {
+  return capture_info(handle, status, id, graph, dependencies, edge_data, num_dependencies);
+}
+API cudaError_t cudaStreamUpdateCaptureDependencies(cudaStream_t, cudaGraphNode_t*, size_t, unsigned int) {
+  return cudaSuccess;
+}
+API cudaError_t cudaStreamUpdateCaptureDependencies_v2(cudaStream_t, cudaGraphNode_t*, const cudaGraphEdgeData*,
+                                                       size_t, unsigned int) {
+  return cudaSuccess;
+}
+API cudaError_t cudaGraphNodeGetDependencies(cudaGraphNode_t, cudaGraphNode_t*, size_t* count) {
+  *count = 0;
+  return cudaSuccess;
+}
+API cudaError_t cudaGraphNodeGetDependencies_v2(cudaGraphNode_t, cudaGraphNode_t*, cudaGraphEdgeData*, size_t* count) {
+  *count = 0;
+  return cudaSuccess;
+}
+API cudaError_t cudaGraphAddNode(cudaGraphNode_t* node, cudaGraph_t graph, const cudaGraphNode_t*, size_t,
+                                 cudaGraphNodeParams*) {
+  return add_node(node, graph);
+}
+API cudaError_t cudaGraphAddNode_v2(cudaGraphNode_t* node, cudaGraph_t graph, const cudaGraphNode_t*,
+                                    const cudaGraphEdgeData*, size_t, cudaGraphNodeParams*) {
+  return add_node(node, graph);
+}
+#endif
 API cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode* mode) {
   *mode = static_cast<cudaStreamCaptureMode>(vgpu::exchange_capture_mode(static_cast<int>(*mode)));
   return cudaSuccess;
@@ -720,17 +781,6 @@ API cudaError_t cudaGraphGetNodes(cudaGraph_t graph_handle, cudaGraphNode_t* nod
   vgpu::Graph* graph = vgpu::resolve_graph(graph_handle);
   if (graph == nullptr) return ret(cudaErrorInvalidValue);
   return ret(vgpu::graph_nodes(graph, reinterpret_cast<void**>(nodes), count));
-}
-API cudaError_t cudaGraphNodeGetDependencies(cudaGraphNode_t, cudaGraphNode_t*, cudaGraphEdgeData*, size_t* count) {
-  *count = 0;
-  return cudaSuccess;
-}
-API cudaError_t cudaGraphAddNode(cudaGraphNode_t* node, cudaGraph_t graph_handle, const cudaGraphNode_t*,
-                                 const cudaGraphEdgeData*, size_t, cudaGraphNodeParams*) {
-  vgpu::Graph* graph = vgpu::resolve_graph(graph_handle);
-  if (graph == nullptr) return ret(cudaErrorInvalidValue);
-  *node = reinterpret_cast<cudaGraphNode_t>(graph);  // an opaque handle; nodes are only counted
-  return cudaSuccess;
 }
 API cudaError_t cudaGraphConditionalHandleCreate(cudaGraphConditionalHandle* handle, cudaGraph_t, unsigned int,
                                                  unsigned int) {

@@ -393,12 +393,17 @@ API CUresult cuDevSmResourceSplitByCount(CUdevResource*, unsigned int*, const CU
 API CUresult cuDeviceGetDevResource(CUdevice, CUdevResource*, CUdevResourceType) {
   return CUDA_ERROR_NOT_SUPPORTED;
 }
+#if CUDA_VERSION >= 12090  // the driver's log callbacks came with CUDA 12.9
 API CUresult cuLogsRegisterCallback(CUlogsCallback, void*, CUlogsCallbackHandle*) {
   return CUDA_ERROR_NOT_SUPPORTED;
 }
 API CUresult cuLogsUnregisterCallback(CUlogsCallbackHandle) {
   return CUDA_ERROR_NOT_SUPPORTED;
 }
+#define LOGS_ENTRIES ENTRY(cuLogsRegisterCallback), ENTRY(cuLogsUnregisterCallback),
+#else
+#define LOGS_ENTRIES
+#endif
 
 // ---- the entry points handed out by cudaGetDriverEntryPointByVersion
 
@@ -430,7 +435,7 @@ const Entry kEntries[] = {
     ENTRY(cuMulticastAddDevice), ENTRY(cuMulticastBindMem), ENTRY(cuMulticastUnbind), ENTRY(cuGreenCtxCreate),
     ENTRY(cuGreenCtxDestroy), ENTRY(cuGreenCtxStreamCreate), ENTRY(cuCtxFromGreenCtx),
     ENTRY(cuDevResourceGenerateDesc), ENTRY(cuDevSmResourceSplitByCount), ENTRY(cuDeviceGetDevResource),
-    ENTRY(cuLogsRegisterCallback), ENTRY(cuLogsUnregisterCallback),
+    LOGS_ENTRIES
 };
 #undef ENTRY
 
