@@ -60,7 +60,8 @@ def _defined(lib: str) -> set[tuple[str, str | None]]:
 def _strings(path: str, pattern: str) -> set[str]:
     with open(path, "rb") as f:
         data = f.read()
-    return {m.decode() for m in re.findall(rb"\x00(" + pattern.encode() + rb")\x00", data)}
+    # whole NUL-terminated strings (lookarounds: neighbours share their NULs)
+    return {m.decode() for m in re.findall(rb"(?<=\x00)(" + pattern.encode() + rb")(?=\x00)", data)}
 
 
 @pytest.mark.parametrize("lib", [f"libcudart.so.{MAJOR}", f"libcublas.so.{MAJOR}", f"libcublasLt.so.{MAJOR}"])
