@@ -89,9 +89,10 @@ def _vgpu_include_dirs(major: int) -> list[str] | None:
 # torch's imports name (None: unversioned, as the real library is).
 def _vgpu_libraries(major: int) -> list[tuple[str, list[str], list[str], str | None]]:
     return [
-        ("libvgpu.so", ["core.cpp"], [], None),
+        ("libvgpu.so", ["devices.cpp", "memory.cpp", "streams.cpp"], [], None),
         ("libcuda.so.1", ["driver.cpp"], ["libvgpu.so"], None),
-        (f"libcudart.so.{major}", ["cudart.cpp"], ["libcuda.so.1", "libvgpu.so"], f"libcudart.so.{major}"),
+        (f"libcudart.so.{major}", ["cudart.cpp", "cudart_memory.cpp", "cudart_streams.cpp"],
+         ["libcuda.so.1", "libvgpu.so"], f"libcudart.so.{major}"),
         ("libnvidia-ml.so.1", ["nvml.cpp"], ["libvgpu.so"], None),
         (f"libcublasLt.so.{major}", ["cublaslt.cpp"], [], f"libcublasLt.so.{major}"),
         (f"libcublas.so.{major}", ["cublas.cpp", "cublas_inert.cpp"], ["libvgpu.so"], f"libcublas.so.{major}"),

@@ -1,6 +1,7 @@
 // The virtual GPU's state, shared by the stand-in CUDA libraries
-// (libcudart, libcuda, libnvidia-ml) through libvgpu.so, which holds it once
-// per process. docs/vgpu.md describes the model; in short:
+// (libcudart, libcuda, libnvidia-ml, libcublas) through libvgpu.so, which
+// holds it once per process (devices.cpp, memory.cpp, streams.cpp).
+// docs/vgpu.md describes the model; in short:
 //
 // - Devices come from presets (presets.h), chosen by ALLOCSCOPE_VGPU
 //   ("H100-80GB", "2xH100-80GB", "H100-80GB,A100-40GB"); ALLOCSCOPE_VGPU_MEMORY

@@ -1,0 +1,156 @@
+// libcudart.so.<major>: memory (cudart.cpp has the overview): device and
+// host allocations, pointer attributes, copies and sets in stream order, the
+// stream-ordered allocator's pools, and inter-process sharing (refused).
+#include <cstring>
+
+#include "cudart_common.h"
+
+namespace {
+
+using namespace cudart;
+
+cudaError_t copy_on(cudaStream_t handle, void* dst, const void* src, size_t n) {
+  STREAM_OR_RETURN(stream, handle);
+  if (!vgpu::submit(stream, vgpu::Work::kCopy)) return cudaSuccess;
+  return ret(vgpu::copy(dst, src, n));
+}
+
+cudaError_t set_on(cudaStream_t handle, void* dst, int value, size_t n) {
+  STREAM_OR_RETURN(stream, handle);
+  if (!vgpu::submit(stream, vgpu::Work::kSet)) return cudaSuccess;
+  return ret(vgpu::set(dst, value, n));
+}
+
+struct Pool {
+  int device;
+};
+Pool g_mem_pools[16] = {{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, {10}, {11}, {12}, {13}, {14}, {15}};
+
+}  // namespace
+
+// ---- memory
+
+API cudaError_t cudaMalloc(void** ptr, size_t size) {
+  return ret(vgpu::malloc_device(current(), size, ptr));
+}
+API cudaError_t cudaFree(void* ptr) {
+  if (ptr == nullptr) return ret(vgpu::create_context(current()));
+  vgpu::PointerInfo info = vgpu::pointer_info(ptr);
+  if (info.kind == vgpu::PointerInfo::kDevice) vgpu::device_synchronize(info.device);  // cudaFree synchronizes
+  return ret(vgpu::free_device(ptr));
+}
+API cudaError_t cudaMallocAsync(void** ptr, size_t size, cudaStream_t handle) {
+  STREAM_OR_RETURN(stream, handle);
+  return ret(vgpu::malloc_device(vgpu::stream_device(stream), size, ptr));
+}
+API cudaError_t cudaFreeAsync(void* ptr, cudaStream_t) {
+  return ret(vgpu::free_device(ptr));
+}
+API cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
+  uint64_t f = 0, t = 0;
+  Result r = vgpu::mem_info(current(), &f, &t);
+  *free = f;
+  *total = t;
+  return ret(r);
+}
+API cudaError_t cudaHostAlloc(void** ptr, size_t size, unsigned int) {
+  return ret(vgpu::host_alloc(size, ptr));
+}
+API cudaError_t cudaFreeHost(void* ptr) {
+  return ret(vgpu::host_free(ptr));
+}
+API cudaError_t cudaHostRegister(void* ptr, size_t size, unsigned int) {
+  return ret(vgpu::host_register(ptr, size));
+}
+API cudaError_t cudaHostUnregister(void* ptr) {
+  return ret(vgpu::host_unregister(ptr));
+}
+API cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void* ptr) {
+  vgpu::PointerInfo info = vgpu::pointer_info(ptr);
+  std::memset(attributes, 0, sizeof(*attributes));
+  attributes->device = info.device;
+  if (info.kind == vgpu::PointerInfo::kDevice) {
+    attributes->type = cudaMemoryTypeDevice;
+    attributes->devicePointer = const_cast<void*>(ptr);
+  } else if (info.kind == vgpu::PointerInfo::kHost) {
+    attributes->type = cudaMemoryTypeHost;
+    attributes->devicePointer = attributes->hostPointer = const_cast<void*>(ptr);
+  } else {
+    attributes->type = cudaMemoryTypeUnregistered;
+    attributes->device = -2;
+    attributes->hostPointer = const_cast<void*>(ptr);
+  }
+  return cudaSuccess;
+}
+API cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind) {
+  vgpu::stream_synchronize(vgpu::resolve_stream(nullptr));  // waits for the legacy stream, as in CUDA
+  return ret(vgpu::copy(dst, src, count));
+}
+API cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind, cudaStream_t stream) {
+  return copy_on(stream, dst, src, count);
+}
+API cudaError_t cudaMemcpyPeerAsync(void* dst, int, const void* src, int, size_t count, cudaStream_t stream) {
+  return copy_on(stream, dst, src, count);
+}
+API cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
+                                  size_t height, cudaMemcpyKind, cudaStream_t handle) {
+  if (width > dpitch || width > spitch) return ret(cudaErrorInvalidValue);
+  STREAM_OR_RETURN(stream, handle);
+  if (!vgpu::submit(stream, vgpu::Work::kCopy)) return cudaSuccess;
+  for (size_t row = 0; row < height; ++row) {
+    Result r = vgpu::copy(static_cast<char*>(dst) + row * dpitch, static_cast<const char*>(src) + row * spitch, width);
+    if (r != Result::kOk) return ret(r);
+  }
+  return cudaSuccess;
+}
+API cudaError_t cudaMemset(void* ptr, int value, size_t count) {
+  vgpu::stream_synchronize(vgpu::resolve_stream(nullptr));
+  return ret(vgpu::set(ptr, value, count));
+}
+API cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t stream) {
+  return set_on(stream, ptr, value, count);
+}
+
+// The stream-ordered allocator's pools: its allocations are plain device
+// allocations here (freed at once); pool attributes read 0.
+API cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* pool, int device) {
+  if (vgpu::device(device) == nullptr) return ret(cudaErrorInvalidDevice);
+  *pool = reinterpret_cast<cudaMemPool_t>(&g_mem_pools[device]);
+  return cudaSuccess;
+}
+API cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t, cudaMemPoolAttr attr, void* value) {
+  if (attr == cudaMemPoolReuseFollowEventDependencies || attr == cudaMemPoolReuseAllowOpportunistic ||
+      attr == cudaMemPoolReuseAllowInternalDependencies) {
+    *static_cast<int*>(value) = 0;
+  } else {
+    *static_cast<cuuint64_t*>(value) = 0;
+  }
+  return cudaSuccess;
+}
+API cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t, cudaMemPoolAttr, void*) {
+  return cudaSuccess;
+}
+API cudaError_t cudaMemPoolSetAccess(cudaMemPool_t, const cudaMemAccessDesc*, size_t) {
+  return cudaSuccess;
+}
+API cudaError_t cudaMemPoolTrimTo(cudaMemPool_t, size_t) {
+  return cudaSuccess;
+}
+
+// ---- inter-process sharing: not modelled
+
+API cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t*, void*) {
+  return ret(cudaErrorNotSupported);
+}
+API cudaError_t cudaIpcOpenMemHandle(void**, cudaIpcMemHandle_t, unsigned int) {
+  return ret(cudaErrorNotSupported);
+}
+API cudaError_t cudaIpcCloseMemHandle(void*) {
+  return ret(cudaErrorNotSupported);
+}
+API cudaError_t cudaIpcGetEventHandle(cudaIpcEventHandle_t*, cudaEvent_t) {
+  return ret(cudaErrorNotSupported);
+}
+API cudaError_t cudaIpcOpenEventHandle(cudaEvent_t*, cudaIpcEventHandle_t) {
+  return ret(cudaErrorNotSupported);
+}
