@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     env = dict(os.environ)
     if args.gpu:
         if args.device == "cpu":
-            raise ValueError("--gpu runs on a virtual CUDA device: record it with --device cuda (the default)")
+            raise ValueError("--gpu runs on a virtual CUDA device, which --device cpu would not record: leave it out")
         env = vgpu.environment(args.gpu, memory=args.gpu_memory, base=env)
     output = ""
     if not args.no_record:
