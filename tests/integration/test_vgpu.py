@@ -156,6 +156,14 @@ def test_copies_and_sets_are_real_kernels_compute_nothing():
     assert torch.count_nonzero(on_device.cpu()).item() == 900
     doubled = on_device * 2  # a kernel: runs nothing, so the output is whatever the block held
     assert doubled.shape == values.shape and doubled.device.type == "cuda"
+    # device memory given back to the device is out of reach, as on a card
+    gone = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")  # a segment of its own
+    ptr = ctypes_ptr(gone)
+    del gone
+    torch.cuda.empty_cache()
+    cudart = _cudart()
+    assert cudart.cudaMemset(ptr, 0, 16) == 1  # cudaErrorInvalidValue
+    assert cudart.cudaGetLastError() == 1 and cudart.cudaGetLastError() == 0
 
 
 def ctypes_ptr(t):
