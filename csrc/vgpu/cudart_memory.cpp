@@ -83,7 +83,8 @@ API cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, cons
   return cudaSuccess;
 }
 API cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind) {
-  vgpu::stream_synchronize(vgpu::resolve_stream(nullptr));  // waits for the legacy stream, as in CUDA
+  STREAM_OR_RETURN(legacy, nullptr);
+  vgpu::stream_synchronize(legacy);  // waits for the legacy stream, as in CUDA
   return ret(vgpu::copy(dst, src, count));
 }
 API cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind, cudaStream_t stream) {
@@ -104,7 +105,8 @@ API cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, siz
   return cudaSuccess;
 }
 API cudaError_t cudaMemset(void* ptr, int value, size_t count) {
-  vgpu::stream_synchronize(vgpu::resolve_stream(nullptr));
+  STREAM_OR_RETURN(legacy, nullptr);
+  vgpu::stream_synchronize(legacy);
   return ret(vgpu::set(ptr, value, count));
 }
 API cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t stream) {

@@ -114,17 +114,24 @@ def _virtual(tmp_path, *args):
 
 
 @pytest.mark.skipif(not allocscope.vgpu.available(), reason="built without the virtual GPU")
-def test_run_on_a_virtual_gpu_records_its_cuda_memory(tmp_path):
-    out = tmp_path / "t4.alsc"
-    result = _virtual(tmp_path, "--gpu", "T4-16GB", "-o", str(out), "--", os.path.join(ROOT, "examples", "train.py"),
-                      "--steps", "2")
-    assert result.returncode == 0, result.stderr
-    cap = allocscope.load(out)
+def test_run_on_a_virtual_gpu_records_its_cuda_memory_the_same_every_time(tmp_path):
+    runs = []
+    for name in ("t4.alsc", "again.alsc"):
+        result = _virtual(tmp_path, "--gpu", "T4-16GB", "-o", str(tmp_path / name), "--",
+                          os.path.join(ROOT, "examples", "train.py"), "--steps", "2")
+        assert result.returncode == 0, result.stderr
+        runs.append(allocscope.load(tmp_path / name))
+    cap = runs[0]
     assert cap.complete and cap.metadata["devices_recorded"] == ["cuda"]
     assert cap.metadata["cuda_devices"][0]["name"] == "Tesla T4"
     assert cap.metadata["virtual_gpu"]["spec"] == "T4-16GB"
     ev = cap.events
     assert (ev.kind == EventKind.SEGMENT_ALLOC).any() and (ev.kind == EventKind.ALLOC).sum() > 50
+    # deterministic completion: the same requests and segment events, in the same order
+    memory = [EventKind.ALLOC, EventKind.FREE, EventKind.FREE_COMPLETED, EventKind.SEGMENT_ALLOC,
+              EventKind.SEGMENT_FREE]
+    seqs = [[(int(k), int(s)) for k, s in zip(c.events.kind, c.events.size) if k in memory] for c in runs]
+    assert seqs[0] == seqs[1]
 
 
 @pytest.mark.skipif(not allocscope.vgpu.available(), reason="built without the virtual GPU")
