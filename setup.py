@@ -202,7 +202,7 @@ def main() -> None:
         description="Byte-for-byte attribution of PyTorch GPU memory",
         package_dir={"": "python"},
         packages=find_packages("python"),
-        package_data={"allocscope": ["py.typed", "_C.pyi", "html/*.html", "html/*.js", "html/*.css", "vgpu/lib/*"]},
+        package_data={"allocscope": ["py.typed", "_C.pyi", "reports/html/*.html", "reports/html/*.js", "reports/html/*.css", "vgpu/lib/*"]},
         ext_modules=[_extension()],
         cmdclass={"build_ext": _build_ext_class()},
         python_requires=">=3.10",

@@ -1,7 +1,7 @@
 """How long `allocscope html` takes on large captures, how big the page is,
 and how fast it opens in a headless Chromium; prints JSON.
 
-Captures are synthetic CUDA training loops (allocscope._synthetic_run: a
+Captures are synthetic CUDA training loops (tests/support/training_run.py: a
 watched 24-layer model with labelled parameters, activations, gradients,
 Adam state, phases, module scopes and a mark per step; addresses and
 segment events from the allocator model, so the report's replay is exact).
@@ -23,8 +23,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import allocscope  # noqa: E402
 from _common import emit, environment  # noqa: E402
-from allocscope._synthetic_run import training_run  # noqa: E402
-from allocscope.html import write_html  # noqa: E402
+from tests.support.training_run import training_run  # noqa: E402
+from allocscope.reports.html import write_html  # noqa: E402
 from tests.browser import Chromium, find_chromium  # noqa: E402
 
 

@@ -18,7 +18,7 @@ import torch
 
 import allocscope
 from _common import emit, environment
-from allocscope.analysis import build_report
+from allocscope.reports import build_report
 from bench_step import run_steps, workloads
 
 

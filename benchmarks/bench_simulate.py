@@ -21,10 +21,10 @@ import time
 import allocscope
 from _common import emit, environment
 from allocscope._format import EventKind
-from allocscope._synthetic import CaptureBuilder
-from allocscope.analysis.allocator_config import AllocatorConfig, parse_alloc_conf
-from allocscope.analysis.replay import replay
-from allocscope.analysis.simulator import DeviceAllocator
+from allocscope.writer import CaptureWriter
+from allocscope.allocator.config import AllocatorConfig, parse_alloc_conf
+from allocscope.allocator.replay import replay
+from allocscope.allocator.model import DeviceAllocator
 
 MiB = 1 << 20
 TOTAL = 80 << 30
@@ -32,7 +32,7 @@ TOTAL = 80 << 30
 
 def build(path: str, events: int, seed: int = 0) -> int:
     rng = random.Random(seed)
-    b = CaptureBuilder({"cuda_devices": [{"index": 0, "total_memory": TOTAL}]}, device=0)
+    b = CaptureWriter({"cuda_devices": [{"index": 0, "total_memory": TOTAL}]}, device=0)
     b.baseline({"label": "start", "device_type": "cuda", "seq": 0, "segments": [], "config": {},
                 "devices": [{"index": 0, "free": TOTAL, "total": TOTAL, "used": 0,
                              "stats": {"reserved_bytes": {"current": 0, "peak": 0}}}]})

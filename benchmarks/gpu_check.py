@@ -87,8 +87,8 @@ def compare(real_path: str, virtual_path: str) -> dict:
 
     import allocscope
     from allocscope import EventKind
-    from allocscope.analysis.lifetimes import live_bytes
-    from allocscope.analysis.replay import recorded_reserved
+    from allocscope.attribution.lifetimes import live_bytes
+    from allocscope.allocator.replay import recorded_reserved
 
     caps = {"real": allocscope.load(real_path), "virtual": allocscope.load(virtual_path)}
     out: dict = {}

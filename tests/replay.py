@@ -1,7 +1,7 @@
 """Test helpers: totals implied by a CUDA capture's baselines and events."""
 
 from allocscope import EventKind
-from allocscope.analysis.baseline import baseline_blocks as _baseline_blocks
+from allocscope.allocator.segments import baseline_blocks as _baseline_blocks
 
 
 def baseline_blocks(baseline):
@@ -33,7 +33,7 @@ def check_start_to_end(cap):
     its end baseline: live requested bytes, reserved bytes and live blocks."""
     import numpy as np
 
-    from allocscope.analysis import lifetimes
+    from allocscope.attribution.lifetimes import lifetimes
 
     start, end = cap.baseline("start"), cap.baseline("end")
     upto = int(np.flatnonzero(cap.events.kind == EventKind.SNAPSHOT)[-1])  # where the end baseline was taken

@@ -21,7 +21,8 @@ first use, and reading captures needs neither.
 
 from . import vgpu
 from ._format import EventKind
-from .capture import AllocscopeError, Recording, mark, record, watch
+from ._version import __version__
+from .recording import AllocscopeError, Recording, mark, record, watch
 from .watcher import Watch
 from .reader import (
     Capture,
@@ -35,7 +36,6 @@ from .reader import (
     load,
 )
 
-__version__ = "0.1.0"
 
 __all__ = [
     "AllocscopeError",

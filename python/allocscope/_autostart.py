@@ -1,6 +1,6 @@
 """Recording in processes started by `allocscope run`.
 
-`allocscope run` puts _bootstrap/ first on PYTHONPATH, so every Python process
+`allocscope run` puts _bootstrap/ first on PYTHONPATH (child_environment), so every Python process
 of the command imports its sitecustomize, which calls activate(). That
 installs an import hook: when the process imports torch, recording starts
 (CPU), or is set to start when CUDA initializes (CUDA), so that CUDA is never
@@ -16,20 +16,11 @@ import os
 import sys
 from typing import Any, Mapping
 
+from ._bootstrap import with_bootstrap
 from ._torch_hook import after_torch_import
 
 ENV_OUTPUT = "ALLOCSCOPE_RUN_OUTPUT"
 ENV_OPTIONS = "ALLOCSCOPE_RUN_OPTIONS"
-BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_bootstrap")
-
-
-def with_bootstrap(env: dict[str, str]) -> dict[str, str]:
-    """env with _bootstrap/ first on PYTHONPATH (once)."""
-    path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != BOOTSTRAP_DIR]
-    env["PYTHONPATH"] = os.pathsep.join([BOOTSTRAP_DIR, *path])
-    return env
-
-
 def child_environment(base: Mapping[str, str], output: str, options: dict[str, Any]) -> dict[str, str]:
     env = dict(base)
     env[ENV_OUTPUT] = output
@@ -52,7 +43,7 @@ def output_path(base: str) -> str:
 
 
 def _start(options: dict[str, Any]) -> None:
-    from .capture import Recording
+    from .recording import Recording
 
     path = output_path(os.environ[ENV_OUTPUT])
     rec = Recording(path, device=options.get("device", "cpu"), stacks=options.get("stacks", "python"))

@@ -74,6 +74,15 @@ TENSOR_LABELS = (EventKind.PARAMETER, EventKind.BUFFER, EventKind.GRADIENT, Even
                  EventKind.INPUT, EventKind.ACTIVATION)
 
 
+def kind_name(kind: int) -> str:
+    """An event kind's name as the CLI and JSON spell it (alloc, segment_map,
+    ...); unknown kinds by number."""
+    try:
+        return EventKind(kind).name.lower()
+    except ValueError:
+        return f"annotation{kind}" if FIRST_ANNOTATION <= kind <= LAST_ANNOTATION else f"kind{kind}"
+
+
 class Encoding(enum.IntEnum):
     RAW = 0
     CONST = 1

@@ -11,34 +11,6 @@ from typing import Any
 from . import _format
 
 
-def parse_alloc_conf(conf: str | None) -> dict[str, str]:
-    """Parses a PYTORCH_CUDA_ALLOC_CONF string: 'key:value,key:[a:b,c:d]'."""
-    out: dict[str, str] = {}
-    if not conf:
-        return out
-    depth = 0
-    item = ""
-    items = []
-    for ch in conf:
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth = max(0, depth - 1)
-        if ch == "," and depth == 0:
-            items.append(item)
-            item = ""
-        else:
-            item += ch
-    items.append(item)
-    for item in items:
-        item = item.strip()
-        if not item:
-            continue
-        key, _, value = item.partition(":")
-        out[key.strip()] = value.strip()
-    return out
-
-
 def _distributed() -> dict[str, Any]:
     info: dict[str, Any] = {}
     try:
@@ -60,7 +32,8 @@ def _distributed() -> dict[str, Any]:
 def collect(devices: list[str], stacks: str) -> dict[str, Any]:
     import torch
 
-    from . import __version__
+    from ._version import __version__
+    from .allocator.config import settings_items
 
     conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or os.environ.get("PYTORCH_ALLOC_CONF")
     meta: dict[str, Any] = {
@@ -78,7 +51,7 @@ def collect(devices: list[str], stacks: str) -> dict[str, Any]:
         "torch_cuda": torch.version.cuda,
         "devices_recorded": devices,
         "stacks": stacks,
-        "alloc_conf": {"raw": conf, "parsed": parse_alloc_conf(conf)},
+        "alloc_conf": {"raw": conf, "parsed": settings_items(conf)},
         "no_cuda_memory_caching": os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") not in (None, "", "0"),
         "distributed": _distributed(),
     }

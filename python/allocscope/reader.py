@@ -18,7 +18,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from . import _format as F
-from ._format import EventKind, FormatError
+from ._format import FormatError
 from ._progress import Progress
 
 __all__ = [
@@ -130,14 +130,7 @@ class Events:
 
     def counts(self) -> dict[str, int]:
         kinds, counts = np.unique(self.kind, return_counts=True)
-        return {_kind_name(int(k)): int(c) for k, c in zip(kinds, counts, strict=True)}
-
-
-def _kind_name(kind: int) -> str:
-    try:
-        return EventKind(kind).name.lower()
-    except ValueError:
-        return f"annotation{kind}" if F.FIRST_ANNOTATION <= kind <= F.LAST_ANNOTATION else f"kind{kind}"
+        return {F.kind_name(int(k)): int(c) for k, c in zip(kinds, counts, strict=True)}
 
 
 class Capture:

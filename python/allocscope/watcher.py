@@ -8,7 +8,7 @@ Watching writes annotation events (docs/format.md, kinds 17-26) into the
 recording's ordered stream: module scopes (forward and backward), phases and
 the iteration counter, and labels naming tensors by their storage's address
 (parameters, buffers, gradients, optimizer state, tensors autograd saves,
-inputs). The analysis (allocscope.analysis.attribution) joins the labels to the
+inputs). The analysis (allocscope.attribution.categories) joins the labels to the
 allocations live at that address at that moment.
 
 It only observes. The hooks it adds return nothing (so outputs and gradients

@@ -10,10 +10,10 @@ import sys
 import pytest
 
 import allocscope
-from allocscope.analysis.allocator_config import parse_alloc_conf
-from allocscope.analysis.replay import recorded_reserved, replay
-from allocscope.analysis.report import build_report
-from allocscope.analysis.simulator import allocation_size
+from allocscope.allocator.config import parse_alloc_conf
+from allocscope.allocator.replay import recorded_reserved, replay
+from allocscope.reports.report import build_report
+from allocscope.allocator.sizes import allocation_size
 
 from ..conftest import ROOT
 

@@ -9,8 +9,9 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import allocscope
-from allocscope.analysis import attribute, build_report, moment
-from allocscope.analysis.report import find_mark
+from allocscope.attribution import attribute, moment
+from allocscope.reports import build_report
+from allocscope.reports.report import find_mark
 
 
 def storage_bytes(tensors):

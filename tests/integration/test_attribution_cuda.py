@@ -7,8 +7,9 @@ import pytest
 import torch
 
 import allocscope
-from allocscope.analysis import CATEGORIES, attribute, build_report, moment, timeline
-from allocscope.analysis.report import find_mark
+from allocscope.attribution import CATEGORIES, attribute, moment, timeline
+from allocscope.reports import build_report
+from allocscope.reports.report import find_mark
 
 from .test_attribution_cpu import MODELS, storage_bytes
 

@@ -12,7 +12,7 @@ import pytest
 
 import allocscope
 from allocscope import EventKind
-from allocscope.analysis import lifetimes
+from allocscope.attribution.lifetimes import lifetimes
 
 from ..replay import baseline_blocks, replay_totals
 

@@ -11,8 +11,8 @@ import pytest
 
 import allocscope
 from allocscope import EventKind
-from allocscope.analysis import lifetimes
-from allocscope.capture import Recording
+from allocscope.attribution.lifetimes import lifetimes
+from allocscope.recording import Recording
 
 KIND = EventKind
 

@@ -11,8 +11,8 @@ import zlib
 import pytest
 
 import allocscope
-from allocscope._synthetic_run import training_run
-from allocscope.html import write_html
+from tests.support.training_run import training_run
+from allocscope.reports.html import write_html
 
 from ..browser import Chromium, find_chromium
 
@@ -153,9 +153,9 @@ def test_tables_sort_by_a_clicked_column(browser, page):
 
 def test_a_hostile_string_in_the_capture_stays_text(browser, tmp_path):
     from allocscope._format import EventKind
-    from allocscope._synthetic import CaptureBuilder
+    from allocscope.writer import CaptureWriter
 
-    b = CaptureBuilder()
+    b = CaptureWriter()
     evil = '</script><script>document.title="pwned"</script><img src=x onerror=alert(1)>'
     s = b.stack([(evil + ".py", evil, 1)])
     b.annotate(EventKind.PHASE, "forward", addr=0)

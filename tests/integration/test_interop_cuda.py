@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import allocscope
-from allocscope.analysis.lifetimes import live_bytes
+from allocscope.attribution.lifetimes import live_bytes
 from allocscope.interop import import_snapshot
 
 torch = pytest.importorskip("torch")

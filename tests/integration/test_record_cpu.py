@@ -9,7 +9,7 @@ from torch import nn
 
 import allocscope
 from allocscope import EventKind
-from allocscope.analysis import lifetimes
+from allocscope.attribution.lifetimes import lifetimes
 
 from ..conftest import run_python
 
@@ -149,9 +149,9 @@ def test_many_events_stream_through_the_bounded_buffer(tmp_path):
 
 
 def test_import_does_nothing_and_reading_needs_no_torch(tmp_path):
-    from allocscope._synthetic import CaptureBuilder
+    from allocscope.writer import CaptureWriter
 
-    path = CaptureBuilder().write(tmp_path / "s.alsc")
+    path = CaptureWriter().write(tmp_path / "s.alsc")
     code = (
         "import sys; sys.modules['torch'] = None\n"  # importing torch would fail
         "import allocscope\n"

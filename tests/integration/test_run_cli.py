@@ -98,7 +98,7 @@ def test_run_with_allocscope_watch_in_the_script(tmp_path):
     assert plain.returncode == 0 and plain.stdout.strip() == "not watched", plain.stderr
     result, out = run(tmp_path, "--", sys.executable, script)
     assert result.returncode == 0 and result.stdout.strip() == "watched", result.stderr
-    from allocscope.analysis import build_report
+    from allocscope.reports import build_report
 
     r = build_report(allocscope.load(out), at="done")
     assert r["capture"]["watched"] == ["Sequential"]

@@ -10,7 +10,7 @@ import numpy as np
 
 import allocscope
 from allocscope import EventKind
-from allocscope.analysis import lifetimes
+from allocscope.attribution.lifetimes import lifetimes
 
 from ..conftest import run_python
 

@@ -10,8 +10,8 @@ import os
 import pytest
 
 import allocscope
-from allocscope.analysis.allocator_config import parse_alloc_conf
-from allocscope.analysis.replay import recorded_reserved, replay
+from allocscope.allocator.config import parse_alloc_conf
+from allocscope.allocator.replay import recorded_reserved, replay
 
 from ..conftest import DATA
 

@@ -9,11 +9,12 @@ import pytest
 
 import allocscope
 from allocscope import EventKind as K
-from allocscope._synthetic import CaptureBuilder
-from allocscope.analysis import CATEGORIES, ConservationError, attribute, build_report, moment, timeline, waterfall
-from allocscope.analysis.report import find_mark
-from allocscope.analysis.rounding import round_size
-from allocscope.analysis.theory import theory
+from allocscope.writer import CaptureWriter
+from allocscope.attribution import CATEGORIES, ConservationError, attribute, moment, timeline, waterfall
+from allocscope.reports import build_report
+from allocscope.reports.report import find_mark
+from allocscope.allocator.sizes import round_sizes
+from allocscope.attribution.estimate import theory
 
 MiB = 1 << 20
 WATCH = {"name": "M", "parameters": 1000, "trainable": 1000, "buffers": 0, "parameter_count": 250,
@@ -22,7 +23,7 @@ WATCH = {"name": "M", "parameters": 1000, "trainable": 1000, "buffers": 0, "para
 
 def one_step(tmp_path):
     """One SGD-with-momentum step of a model M with one leaf M.fc."""
-    b = CaptureBuilder()
+    b = CaptureWriter()
     b.annotate(K.WATCH, json.dumps(WATCH))
     b.annotate(K.PARAMETER, "M.fc.weight", 0x1000, 1000)  # built before recording
     b.alloc(0x9000, 400)  # the batch, made outside any phase
@@ -109,7 +110,7 @@ def test_at_a_mark(tmp_path):
 
 def test_cuda_line_items_rounding_cache_and_outside(tmp_path):
     seg, seg2 = 0x7F0000000000, 0x7F0000200000
-    b = CaptureBuilder({"devices_recorded": ["cuda"]}, device=0)
+    b = CaptureWriter({"devices_recorded": ["cuda"]}, device=0)
 
     def base(label, reserved):
         return {"label": label, "device_type": "cuda", "seq": 0, "config": {"roundup_power2_divisions": []},
@@ -150,7 +151,7 @@ def test_a_waterfall_that_does_not_add_up_is_refused(tmp_path):
 
 
 def test_labels_without_memory_are_reported_not_invented(tmp_path):
-    b = CaptureBuilder()
+    b = CaptureWriter()
     b.alloc(0x1000, 64)
     b.free(0x1000)
     b.annotate(K.PARAMETER, "M.w", 0x1000, 64)  # that memory was freed: nothing to label
@@ -165,7 +166,7 @@ def test_labels_without_memory_are_reported_not_invented(tmp_path):
 
 
 def test_a_capture_without_watch_is_all_other(tmp_path):
-    b = CaptureBuilder()
+    b = CaptureWriter()
     b.alloc(0x1000, 64)
     r = build_report(allocscope.load(b.write(tmp_path / "plain.alsc")))
     assert r["peak"]["by_category"]["other"] == 64 and r["theory"]["total"] == 0
@@ -183,4 +184,4 @@ def test_a_capture_without_watch_is_all_other(tmp_path):
     (1200, [4], 1536),  # 1200 <= 512 x 4: plain rounding even with divisions
 ])
 def test_round_size(size, divisions, expected):
-    assert int(round_size(np.array([size]), divisions)[0]) == expected
+    assert int(round_sizes(np.array([size]), divisions)[0]) == expected

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 import allocscope
-from allocscope._synthetic_run import training_run
-from allocscope.analysis.lifetimes import live_bytes
-from allocscope.analysis.report import build_report
+from tests.support.training_run import training_run
+from allocscope.attribution.lifetimes import live_bytes
+from allocscope.reports.report import build_report
 from allocscope.cli import main
 from allocscope.interop import SnapshotError, export_memory_viz, import_snapshot, read_snapshot
 

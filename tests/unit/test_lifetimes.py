@@ -1,8 +1,8 @@
 """Pairing allocations with frees, on hand-built event streams."""
 
 import allocscope
-from allocscope._synthetic import CaptureBuilder
-from allocscope.analysis import lifetimes, live_bytes
+from allocscope.writer import CaptureWriter
+from allocscope.attribution.lifetimes import lifetimes, live_bytes
 
 
 def _load(tmp_path, b):
@@ -10,7 +10,7 @@ def _load(tmp_path, b):
 
 
 def test_pairs_reuse_of_an_address_in_order(tmp_path):
-    b = CaptureBuilder()
+    b = CaptureWriter()
     b.alloc(0x1000, 10)   # 0
     b.alloc(0x2000, 20)   # 1
     b.free(0x1000)        # 2 frees 0
@@ -26,7 +26,7 @@ def test_pairs_reuse_of_an_address_in_order(tmp_path):
 
 
 def test_free_of_older_memory_and_missed_free_are_reported(tmp_path):
-    b = CaptureBuilder()
+    b = CaptureWriter()
     b.free(0x5000, 64)    # 0: allocated before recording
     b.alloc(0x6000, 8)    # 1
     b.alloc(0x6000, 8)    # 2: the recorder missed a free of 1
@@ -40,7 +40,7 @@ def test_free_of_older_memory_and_missed_free_are_reported(tmp_path):
 
 
 def test_cuda_free_without_device_pairs_with_its_allocation(tmp_path):
-    b = CaptureBuilder(device=0)
+    b = CaptureWriter(device=0)
     b.alloc(0x7F0000000000, 512)
     b.free(0x7F0000000000, stream=0)  # the wrapper's FREE: no device known
     lt = lifetimes(_load(tmp_path, b))

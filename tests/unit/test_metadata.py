@@ -1,14 +1,14 @@
-from allocscope._metadata import parse_alloc_conf
+from allocscope.allocator.config import settings_items
 from allocscope._units import format_bytes
 
 
 def test_alloc_conf_parsing_keeps_bracketed_lists_whole():
-    assert parse_alloc_conf(None) == {}
-    assert parse_alloc_conf("") == {}
-    assert parse_alloc_conf("expandable_segments:True") == {"expandable_segments": "True"}
-    assert parse_alloc_conf(" max_split_size_mb:128 , garbage_collection_threshold:0.6,") == {
+    assert settings_items(None) == {}
+    assert settings_items("") == {}
+    assert settings_items("expandable_segments:True") == {"expandable_segments": "True"}
+    assert settings_items(" max_split_size_mb:128 , garbage_collection_threshold:0.6,") == {
         "max_split_size_mb": "128", "garbage_collection_threshold": "0.6"}
-    assert parse_alloc_conf("roundup_power2_divisions:[256:1,512:2,>:8],expandable_segments:False") == {
+    assert settings_items("roundup_power2_divisions:[256:1,512:2,>:8],expandable_segments:False") == {
         "roundup_power2_divisions": "[256:1,512:2,>:8]", "expandable_segments": "False"}
 
 

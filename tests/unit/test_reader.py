@@ -10,11 +10,11 @@ import pytest
 
 import allocscope
 from allocscope import _format as F
-from allocscope._synthetic import CaptureBuilder
+from allocscope.writer import CaptureWriter
 
 
-def _builder() -> CaptureBuilder:
-    b = CaptureBuilder({"purpose": "test"})
+def _builder() -> CaptureWriter:
+    b = CaptureWriter({"purpose": "test"})
     s1 = b.stack([("train.py", "step", 12), ("train.py", "main", 40)])
     s2 = b.stack([("model.py", "forward", 7), ("train.py", "step", 11), ("train.py", "main", 40)])
     t = b.thread(4242, "worker")
@@ -49,7 +49,7 @@ def test_roundtrip_of_tables_and_events(tmp_path):
 
 
 def test_events_spread_over_many_chunks(tmp_path):
-    b = CaptureBuilder()
+    b = CaptureWriter()
     for i in range(1000):
         b.alloc(0x1000 * (i + 1), i + 1)
     cap = allocscope.load(b.write(tmp_path / "many.alsc", events_per_chunk=77))
@@ -58,7 +58,7 @@ def test_events_spread_over_many_chunks(tmp_path):
 
 
 def test_via_allocator_bit_is_split_out(tmp_path):
-    b = CaptureBuilder(device=0)
+    b = CaptureWriter(device=0)
     b.event(F.EventKind.FREE | F.VIA_ALLOCATOR, addr=0x200000, size=512)
     cap = allocscope.load(b.write(tmp_path / "v.alsc"))
     assert cap.events.kind.tolist() == [F.EventKind.FREE]
@@ -113,7 +113,7 @@ def test_flipped_byte_is_a_checksum_error_or_salvaged(tmp_path):
 
 
 def test_forged_chunk_with_valid_crc_but_bad_reference_is_corrupt(tmp_path):
-    b = CaptureBuilder()
+    b = CaptureWriter()
     b.alloc(0x1000, 1, stack=99)  # no such stack
     with pytest.raises(allocscope.CorruptCaptureError, match="stack"):
         allocscope.load(b.write(tmp_path / "forged.alsc"))
@@ -151,7 +151,7 @@ def test_forged_footer_and_short_stream_table_are_capture_errors(tmp_path):
     bad_footer = data + F.chunk(F.Chunk.FOOTER, json.dumps({"dropped": "many"}).encode())
     with pytest.raises(allocscope.CorruptCaptureError, match="footer"):
         allocscope.load(_write(tmp_path, bad_footer))
-    b = CaptureBuilder()
+    b = CaptureWriter()
     b.streams = [(-2, 0)]  # only one of the two reserved entries
     b.alloc(0x1000, 8)  # on stream 1, which this table lacks
     with pytest.raises(allocscope.CorruptCaptureError, match="stream"):

@@ -9,10 +9,10 @@ import pytest
 
 import allocscope
 from allocscope._format import EventKind
-from allocscope._synthetic import CaptureBuilder
-from allocscope.analysis.replay import NotACudaCapture, replay
-from allocscope.analysis.report import build_report
-from allocscope.analysis.whatif import suggest
+from allocscope.writer import CaptureWriter
+from allocscope.allocator.replay import NotACudaCapture, replay
+from allocscope.reports.report import build_report
+from allocscope.allocator.whatif import suggest
 from allocscope.cli import main
 
 MiB, GiB = 1 << 20, 1 << 30
@@ -21,7 +21,7 @@ TOTAL = 1 * GiB
 
 
 def cuda_capture(tmp_path, *, segments=(), fraction=None, conf="", free=TOTAL, reserved=0):
-    b = CaptureBuilder({"torch": "2.11.0", "cuda_devices": [{"index": 0, "total_memory": TOTAL}]}, device=0)
+    b = CaptureWriter({"torch": "2.11.0", "cuda_devices": [{"index": 0, "total_memory": TOTAL}]}, device=0)
     device = {"index": 0, "free": free, "total": TOTAL, "used": TOTAL - free,
               "stats": {"reserved_bytes": {"current": reserved, "peak": reserved}}}
     if fraction is not None:
@@ -84,7 +84,7 @@ def test_state_at_any_event(tmp_path):
     rep = replay(cap, states_at=[-1, after_z])
     assert rep.states[-1] == []  # nothing before recording
     state = rep.states[after_z]
-    assert [(s["address"], s["total_size"], [b[3] for b in s["blocks"]]) for s in state] == [
+    assert [(s.address, s.total_size, [b.state for b in s.blocks]) for s in state] == [
         (S1, 2 * MiB, ["allocated", "inactive"]),
         (S2, 20 * MiB, ["allocated", "allocated", "inactive"])]
 
@@ -98,14 +98,14 @@ def test_start_baseline_is_loaded_as_the_initial_state(tmp_path):
     b.free(S2)  # a block from before recording
     cap = allocscope.load(b.write(b.path))
     rep = replay(cap, states_at=[-1])
-    assert [blk[1:4] for blk in rep.states[-1][0]["blocks"]] == [[4 * MiB, 4 * MiB - 100, "allocated"],
-                                                                 [16 * MiB, 0, "inactive"]]
+    assert [(blk.size, blk.requested, blk.state) for blk in rep.states[-1][0].blocks] == [
+        (4 * MiB, 4 * MiB - 100, "allocated"), (16 * MiB, 0, "inactive")]
     assert rep.fidelity.address_mismatches == 0 and rep.fidelity.exact
     assert rep.allocated[-1] == 2 * MiB
 
 
 def test_cpu_captures_are_refused(tmp_path):
-    b = CaptureBuilder()
+    b = CaptureWriter()
     b.alloc(0x1000, 10)
     with pytest.raises(NotACudaCapture):
         replay(allocscope.load(b.write(tmp_path / "cpu.alsc")))
@@ -215,7 +215,7 @@ def test_simulate_cli_errors_are_one_line(tmp_path, capsys, argv, message):
 
 
 def test_simulate_refuses_cpu_captures(tmp_path, capsys):
-    b = CaptureBuilder()
+    b = CaptureWriter()
     b.alloc(0x1000, 10)
     assert main(["simulate", b.write(tmp_path / "cpu.alsc")]) == 2
     assert "not a CUDA recording" in capsys.readouterr().err

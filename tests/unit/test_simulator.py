@@ -5,9 +5,10 @@ from running the model."""
 
 import pytest
 
-from allocscope.analysis.allocator_config import AllocatorConfig, ConfigError, parse_alloc_conf
-from allocscope.analysis.allocator_state import segments
-from allocscope.analysis.simulator import DeviceAllocator, round_size
+from allocscope.allocator.config import AllocatorConfig, ConfigError, parse_alloc_conf
+from allocscope.allocator.state import segments
+from allocscope.allocator.model import DeviceAllocator
+from allocscope.allocator.sizes import round_size
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 BASE = 1 << 40  # the default address source starts here and leaves a 2 MiB gap after each segment
@@ -112,7 +113,7 @@ def test_freed_neighbours_merge():
     a, b = d.malloc(1000, 0), d.malloc(1000, 0)  # 0..1K and 1K..2K of one 2 MiB segment
     d.free(a)
     d.free(b)  # merges with a (before) and the remainder (after): one 2 MiB free block again
-    assert [(s["total_size"], [blk[1] for blk in s["blocks"]]) for s in segments(d)] == [(2 * MiB, [2 * MiB])]
+    assert [(s.total_size, [blk.size for blk in s.blocks]) for s in segments(d)] == [(2 * MiB, [2 * MiB])]
 
 
 # ---- max_split_size_mb

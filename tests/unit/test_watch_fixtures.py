@@ -11,8 +11,9 @@ import pytest
 
 import allocscope
 from allocscope import EventKind
-from allocscope.analysis import attribute, build_report, moment, timeline
-from allocscope.analysis.report import find_mark
+from allocscope.attribution import attribute, moment, timeline
+from allocscope.reports import build_report
+from allocscope.reports.report import find_mark
 
 from ..conftest import DATA
 

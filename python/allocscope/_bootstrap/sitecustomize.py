@@ -29,7 +29,7 @@ def _arm() -> None:
         print(f"allocscope: not active in this process ({sys.executable}): cannot import allocscope: {e}",
               file=sys.stderr)
         return
-    vgpu._activate_from_environment()
+    vgpu.activate_from_environment()
     _autostart.activate()
 
 

@@ -23,7 +23,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Record every PyTorch allocation with its Python stack, and explain where the memory went.",
         epilog="Run 'allocscope COMMAND --help' for a command's options and examples.",
     )
-    from .. import __version__
+    from .._version import __version__
 
     parser.add_argument("--version", action="version", version=f"allocscope {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -36,7 +36,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from ..capture import AllocscopeError
+    from ..recording import AllocscopeError
     from ..reader import CaptureError
     from ..vgpu import VirtualGpuError
 

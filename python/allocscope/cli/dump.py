@@ -34,8 +34,7 @@ def _rows(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
     import numpy as np
 
     from .. import load
-    from .._format import FIRST_ANNOTATION, EventKind
-    from ..reader import _kind_name
+    from .._format import FIRST_ANNOTATION, EventKind, kind_name
 
     cap = load(args.file)
     ev = cap.events
@@ -50,7 +49,7 @@ def _rows(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
         stream = cap.streams[int(ev.stream[i])]
         thread = cap.threads[int(ev.thread[i])]
         row: dict[str, Any] = {
-            "seq": int(ev.seq[i]), "time_ns": int(ev.time_ns[i]) - t0, "kind": _kind_name(kind),
+            "seq": int(ev.seq[i]), "time_ns": int(ev.time_ns[i]) - t0, "kind": kind_name(kind),
             "via_allocator": bool(ev.via_allocator[i]), "device": int(ev.device[i]), "stream": stream.handle,
             "thread": thread.native_id, "addr": int(ev.addr[i]), "size": int(ev.size[i]),
             "block": int(ev.block[i]), "stack": int(ev.stack[i]), "arg": int(ev.arg[i]),

@@ -41,7 +41,7 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from .. import load
     from ..interop import export_memory_viz, export_perfetto
-    from .html import check_output, default_output
+    from ._paths import check_output, default_output
 
     if args.points < 2:
         raise ValueError("--points must be at least 2")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 
 from .._units import format_bytes
 
@@ -34,21 +33,11 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="never draw a progress bar")
 
 
-def default_output(path: str, suffix: str) -> str:
-    """The input's name with its extension replaced (step.alsc -> step.html)."""
-    root, ext = os.path.splitext(path)
-    return (root if ext else path) + suffix
-
-
-def check_output(path: str, force: bool) -> None:
-    if os.path.exists(path) and not force:
-        raise ValueError(f"{path} exists (use -f to overwrite)")
-
-
 def run(args: argparse.Namespace) -> int:
     from .. import load
-    from ..analysis.report import MarkNotFound
-    from ..html import write_html
+    from ..reports.html import write_html
+    from ..reports.report import MarkNotFound
+    from ._paths import check_output, default_output
 
     out = args.output or default_output(args.file, ".html")
     check_output(out, args.force)

@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     import json
 
     from ..interop import import_snapshot
-    from .html import check_output, default_output
+    from ._paths import check_output, default_output
 
     out = args.output or default_output(args.snapshot, ".alsc")
     check_output(out, args.force)

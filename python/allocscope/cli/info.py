@@ -31,7 +31,7 @@ def summarize(path: str) -> dict[str, Any]:
     import numpy as np
 
     from .. import load
-    from ..analysis import lifetimes, live_bytes
+    from ..attribution.lifetimes import lifetimes, live_bytes
 
     cap = load(path)
     ev = cap.events

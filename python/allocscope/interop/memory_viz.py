@@ -6,11 +6,11 @@ end (from the end baseline, each live block with the stack that allocated
 it), one trace per device (alloc, free_requested + free_completed,
 segment_*, oom, snapshot), and the allocator settings. memory_viz reads only
 those. Everything else of the capture rides along in extra keys it
-ignores: per trace entry `allocscope` = [seq, kind byte, time_ns, thread,
+ignores (EXTENSION): per trace entry `allocscope` = [seq, kind byte, time_ns, thread,
 block, arg, device, stream, size], and a top-level `allocscope` with the
 metadata, baselines, threads, streams, strings and the events no trace
 action holds (marks, annotations, empty_cache, set_fraction), so
-`allocscope import` restores every event column exactly.
+`allocscope import` restores every event column exactly (snapshot.py).
 """
 
 from __future__ import annotations
@@ -22,17 +22,23 @@ from typing import Any
 import numpy as np
 
 from .. import _format as F
-from .._synthetic import CaptureBuilder
-from ..analysis.lifetimes import lifetimes
-from ..analysis.replay import deferred_frees
+from ..allocator.replay import deferred_frees
+from ..allocator.segments import ALLOCATED, INACTIVE, PENDING_FREE, baseline_segments
+from ..attribution.lifetimes import lifetimes
 from ..reader import Capture, StreamInfo
 
-__all__ = ["export_memory_viz", "restore", "to_snapshot"]
+__all__ = ["EXTENSION", "export_memory_viz", "to_snapshot"]
+
+EXTENSION = "allocscope"  # the key of our own fields in the snapshot (entries and top level)
 
 K = F.EventKind
 _TRACE_ACTION = {K.ALLOC: "alloc", K.FREE: "free_requested", K.FREE_COMPLETED: "free_completed",
                  K.SEGMENT_ALLOC: "segment_alloc", K.SEGMENT_FREE: "segment_free", K.SEGMENT_MAP: "segment_map",
                  K.SEGMENT_UNMAP: "segment_unmap", K.OOM: "oom", K.SNAPSHOT: "snapshot"}
+
+
+# torch's names of block states (one string object each, as torch's pickles share them).
+_SNAPSHOT_STATE = {ALLOCATED: "active_allocated", PENDING_FREE: "active_pending_free", INACTIVE: "inactive"}
 
 
 def _frames(cap: Capture, stack: int, cache: dict[int, list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -74,42 +80,39 @@ def to_snapshot(cap: Capture) -> dict[str, Any]:
         dev = max(stream.device, 0)
         entry: dict[str, Any] = {"action": action, "addr": addr, "size": size_out, "stream": handle,
                                  "time_us": t // 1000, "frames": _frames(cap, stack, frames) if stack else [],
-                                 "allocscope": own}
+                                 EXTENSION: own}
         if k == K.OOM:
             entry["device_free"] = arg
             entry["size"] = size or block
         traces[dev].append(entry)
         if k == K.FREE and not deferred[i]:
-            traces[dev].append(entry | {"action": "free_completed", "frames": [], "allocscope": None})
+            traces[dev].append(entry | {"action": "free_completed", "frames": [], EXTENSION: None})
     # The end state, each live block with the stack that allocated it.
     end = cap.baseline("end") or {}
     last_alloc: dict[int, int] = {}
     for i in lt.alloc.tolist():
         last_alloc[int(ev.addr[i])] = i
     segments = []
-    for s in end.get("segments") or ():
-        blocks, a = [], int(s["address"])
-        for size, req, allocated, active in s["blocks"]:
-            state = "active_allocated" if allocated else "active_pending_free" if active else "inactive"
-            i = last_alloc.get(a)
-            blocks.append({"address": a, "size": int(size), "requested_size": int(req), "state": state,
-                           "frames": _frames(cap, int(ev.stack[i]), frames) if allocated and i is not None else []})
-            a += int(size)
-        segments.append({"device": int(s.get("device", 0)), "address": int(s["address"]),
-                         "total_size": int(s["total_size"]), "stream": int(s.get("stream", 0)),
-                         "segment_type": "large" if s.get("is_large", True) else "small",
-                         "segment_pool_id": tuple(s.get("pool") or (0, 0)),
+    for s in baseline_segments(end):
+        blocks = []
+        for blk in s.blocks:
+            state = _SNAPSHOT_STATE[blk.state]
+            i = last_alloc.get(blk.address)
+            blocks.append({"address": blk.address, "size": blk.size, "requested_size": blk.requested, "state": state,
+                           "frames": _frames(cap, int(ev.stack[i]), frames) if blk.allocated and i is not None else []})
+        segments.append({"device": s.device, "address": s.address, "total_size": s.total_size, "stream": s.stream,
+                         "segment_type": s.pool_kind, "segment_pool_id": s.pool,
                          "allocated_size": sum(b["size"] for b in blocks if b["state"] == "active_allocated"),
                          "active_size": sum(b["size"] for b in blocks if b["state"] != "inactive"),
-                         "requested_size": sum(b["requested_size"] for b in blocks), "is_expandable":
-                             bool(s.get("is_expandable")), "blocks": blocks})
+                         "requested_size": sum(b["requested_size"] for b in blocks), "is_expandable": s.is_expandable,
+                         "blocks": blocks})
     config = end.get("config") or (cap.baseline("start") or {}).get("config") or {}
     settings = {"PYTORCH_CUDA_ALLOC_CONF": config.get("last_allocator_settings", "")}
     for key in ("max_split_size", "garbage_collection_threshold", "expandable_segments", "roundup_power2_divisions"):
         if key in config:
             settings[key] = config[key]
     return {"segments": segments, "device_traces": traces, "allocator_settings": settings,
-            "allocscope": {"version": 1, "metadata": cap.metadata, "baselines": cap.baselines,
+            EXTENSION: {"version": 1, "metadata": cap.metadata, "baselines": cap.baselines,
                            "threads": [[t.native_id, t.name] for t in cap.threads],
                            "streams": [[s.device, s.handle] for s in cap.streams], "strings": cap.strings,
                            "events": n, "extras": extras}}
@@ -121,39 +124,3 @@ def export_memory_viz(cap: Capture, path: str | os.PathLike[str]) -> int:
     with open(path, "wb") as f:
         f.write(data)
     return len(data)
-
-
-def restore(snap: dict[str, Any], ext: dict[str, Any]) -> CaptureBuilder:
-    """The capture an export came from (see the module docstring)."""
-    from .snapshot import SnapshotError
-
-    try:
-        b = CaptureBuilder(dict(ext["metadata"]))
-        b.metadata = dict(ext["metadata"])
-        b.threads = [(int(t), str(name)) for t, name in ext["threads"]]
-        b.streams = [(int(d), int(h)) for d, h in ext["streams"]]
-        b.strings = [str(text) for text in ext["strings"]]  # the same ids: marks and annotations keep their args
-        for j, text in enumerate(b.strings):
-            b._string_ids.setdefault(text, j)
-        rows: list[tuple[int, ...]] = []
-        for trace in snap["device_traces"]:
-            for e in trace:
-                own = e.get("allocscope")
-                if own is None:
-                    continue  # a free_completed the export added
-                i, raw, t, th, block, arg, dev, handle, size = own
-                rows.append((i, raw, t, th, b.stream(dev, handle), int(e.get("addr", 0)), size, block, b.stack(
-                    [(f["filename"], f["name"], f["line"]) for f in e["frames"]]), arg))
-        for i, raw, t, th, dev, handle, addr, size, block, frames, arg in ext["extras"]:
-            stream = b.stream(dev, handle)
-            rows.append((i, raw, t, th, stream, addr, size, block,
-                         b.stack([(f["filename"], f["name"], f["line"]) for f in frames]), arg))
-    except (KeyError, TypeError, ValueError) as e:
-        raise SnapshotError(f"the allocscope fields of this snapshot are damaged ({type(e).__name__}: {e})") from None
-    rows.sort()
-    if [r[0] for r in rows] != list(range(int(ext["events"]))):
-        raise SnapshotError("the allocscope fields of this snapshot do not hold every event")
-    b.events = [(raw, t, th, st, addr, size, block, stack, arg) for _, raw, t, th, st, addr, size, block, stack, arg
-                in rows]
-    b.baselines = list(ext["baselines"])
-    return b

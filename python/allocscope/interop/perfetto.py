@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 
 from .._format import EventKind
-from ..analysis.memory import _relative_time, iterations
-from ..analysis.report import analyse
-from ..analysis.views import marks, timeline_view
+from ..attribution.timeline import iterations, relative_time
 from ..reader import Capture
+from ..reports.report import analyse
+from ..reports.views import marks, timeline_view
 
 __all__ = ["export_perfetto", "to_trace_events"]
 
@@ -24,6 +24,7 @@ PID = 1
 
 
 def to_trace_events(cap: Capture, *, points: int = 10000) -> dict[str, Any]:
+    """The trace-event document (what export_perfetto writes)."""
     an = analyse(cap)
     t = timeline_view(an.att, an.tl, points=points, modules=0)
     ev: list[dict[str, Any]] = [
@@ -44,7 +45,7 @@ def to_trace_events(cap: Capture, *, points: int = 10000) -> dict[str, Any]:
         ev.append({"ph": "i", "s": "g", "pid": PID, "tid": 2, "name": m["label"], "ts": m["time_ns"] / 1000})
     for i in np.flatnonzero(cap.events.kind == EventKind.OOM).tolist():
         ev.append({"ph": "i", "s": "g", "pid": PID, "tid": 2, "name": "out of memory",
-                   "ts": _relative_time(an.att, i) / 1000, "args": {"requested_bytes": int(cap.events.size[i])}})
+                   "ts": relative_time(cap, i) / 1000, "args": {"requested_bytes": int(cap.events.size[i])}})
     for it in iterations(an.att, an.tl):
         ev.append({"ph": "X", "pid": PID, "tid": 1, "name": f"iteration {it['iteration']}", "ts": it["start_ns"] / 1000,
                    "dur": max(0.001, (it["end_ns"] - it["start_ns"]) / 1000),

@@ -25,16 +25,16 @@ import pickle
 from typing import Any
 
 from .. import _format as F
-from .._synthetic import CaptureBuilder
-from ..analysis.rounding import round_size
+from ..allocator.sizes import round_size
+from ..writer import CaptureWriter
+from .memory_viz import EXTENSION
 
-__all__ = ["SnapshotError", "convert_snapshot", "import_snapshot", "read_snapshot"]
+__all__ = ["SnapshotError", "convert_snapshot", "import_snapshot", "read_snapshot", "restore"]
 
 K = F.EventKind
 ACTIONS = {"alloc": K.ALLOC, "free_requested": K.FREE, "free_completed": K.FREE_COMPLETED,
            "segment_alloc": K.SEGMENT_ALLOC, "segment_free": K.SEGMENT_FREE, "segment_map": K.SEGMENT_MAP,
            "segment_unmap": K.SEGMENT_UNMAP, "oom": K.OOM, "snapshot": K.SNAPSHOT}
-EXTENSION = "allocscope"  # the key of our own fields in exported snapshots
 MAX_SNAPSHOT_BYTES = 8 << 30
 
 
@@ -77,7 +77,7 @@ def _int(x: Any, what: str) -> int:
     return x
 
 
-def _stack(b: CaptureBuilder, frames: Any) -> int:
+def _stack(b: CaptureWriter, frames: Any) -> int:
     if not frames:
         return 0
     try:
@@ -126,7 +126,7 @@ def _start_segments(end: list[dict[str, Any]], entries: list[dict[str, Any]]) ->
         if e["action"] == "alloc":
             allocated_in_trace.add(a)
         elif e["action"] == "free_requested" and a not in allocated_in_trace and a not in live_before:
-            live_before[a] = (int(round_size(int(e["size"]), ())), int(e["size"]))
+            live_before[a] = (round_size(int(e["size"])), int(e["size"]))
     segs = [s for s in end if s["address"] not in made]
     for e in entries:
         if e["action"] == "segment_free" and e["addr"] not in made:
@@ -157,13 +157,11 @@ def _start_segments(end: list[dict[str, Any]], entries: list[dict[str, Any]]) ->
     return sorted(out, key=lambda s: s["address"])
 
 
-def convert_snapshot(snap: dict[str, Any], *, source: str = "") -> CaptureBuilder:
-    """A snapshot dict as a capture (a CaptureBuilder to write)."""
+def convert_snapshot(snap: dict[str, Any], *, source: str = "") -> CaptureWriter:
+    """A snapshot dict as a capture (a CaptureWriter to write)."""
     ext = snap.get(EXTENSION)
     if isinstance(ext, dict) and ext.get("version") == 1:
-        from .memory_viz import restore  # our own export: the capture comes back exactly
-
-        return restore(snap, ext)
+        return restore(snap, ext)  # our own export: the capture comes back exactly
     try:
         return _convert(snap, source)
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
@@ -173,9 +171,9 @@ def convert_snapshot(snap: dict[str, Any], *, source: str = "") -> CaptureBuilde
                             f"the wrong type ({type(e).__name__}: {e})") from None
 
 
-def _convert(snap: dict[str, Any], source: str) -> CaptureBuilder:
+def _convert(snap: dict[str, Any], source: str) -> CaptureWriter:
     traces = snap.get("device_traces") or []
-    b = CaptureBuilder({"imported_from": source, "source": "PyTorch memory snapshot",
+    b = CaptureWriter({"imported_from": source, "source": "PyTorch memory snapshot",
                         "torch": None, "devices_recorded": ["cuda"]}, device=0)
     entries: list[tuple[int, int, int, dict[str, Any]]] = []
     for d, trace in enumerate(traces):
@@ -215,7 +213,7 @@ def _convert(snap: dict[str, Any], source: str) -> CaptureBuilder:
             if i is None or i != b.n_events - 1:
                 b.event(K.FREE_COMPLETED, addr=addr, size=size, stream=stream, dt=dt)
         elif kind == K.OOM:
-            b.event(K.OOM, size=size, block=int(round_size(size, ())), stack=stack, arg=int(e.get("device_free", 0) or 0),
+            b.event(K.OOM, size=size, block=round_size(size), stack=stack, arg=int(e.get("device_free", 0) or 0),
                     stream=stream, dt=dt)
         else:
             b.event(kind, addr=addr, size=size, stack=stack, stream=stream, dt=dt)
@@ -230,3 +228,35 @@ def import_snapshot(path: str | os.PathLike[str], out: str | os.PathLike[str]) -
     b = convert_snapshot(read_snapshot(path), source=os.fspath(path))
     b.write(out)
     return {"events": b.n_events, "stacks": len(b.nodes) - 1, "path": os.fspath(out)}
+
+
+def restore(snap: dict[str, Any], ext: dict[str, Any]) -> CaptureWriter:
+    """The capture an export (memory_viz.py) came from, from its EXTENSION fields."""
+    try:
+        b = CaptureWriter(dict(ext["metadata"]))
+        b.metadata = dict(ext["metadata"])
+        b.threads = [(int(t), str(name)) for t, name in ext["threads"]]
+        b.streams = [(int(d), int(h)) for d, h in ext["streams"]]
+        b.set_strings([str(text) for text in ext["strings"]])  # the same ids: marks and annotations keep their args
+        rows: list[tuple[int, ...]] = []
+        for trace in snap["device_traces"]:
+            for e in trace:
+                own = e.get(EXTENSION)
+                if own is None:
+                    continue  # a free_completed the export added
+                i, raw, t, th, block, arg, dev, handle, size = own
+                rows.append((i, raw, t, th, b.stream(dev, handle), int(e.get("addr", 0)), size, block, b.stack(
+                    [(f["filename"], f["name"], f["line"]) for f in e["frames"]]), arg))
+        for i, raw, t, th, dev, handle, addr, size, block, frames, arg in ext["extras"]:
+            stream = b.stream(dev, handle)
+            rows.append((i, raw, t, th, stream, addr, size, block,
+                         b.stack([(f["filename"], f["name"], f["line"]) for f in frames]), arg))
+    except (KeyError, TypeError, ValueError) as e:
+        raise SnapshotError(f"the allocscope fields of this snapshot are damaged ({type(e).__name__}: {e})") from None
+    rows.sort()
+    if [r[0] for r in rows] != list(range(int(ext["events"]))):
+        raise SnapshotError("the allocscope fields of this snapshot do not hold every event")
+    b.events = [(raw, t, th, st, addr, size, block, stack, arg) for _, raw, t, th, st, addr, size, block, stack, arg
+                in rows]
+    b.baselines = list(ext["baselines"])
+    return b

@@ -34,6 +34,7 @@ __all__ = [
     "Preset",
     "VirtualGpuError",
     "activate",
+    "activate_from_environment",
     "active",
     "available",
     "environment",
@@ -150,7 +151,7 @@ def environment(gpu: str, *, memory: int | str | None = None, context: int | str
 
         subprocess.run([sys.executable, "train.py"], env=allocscope.vgpu.environment("A100-40GB"))
     """
-    from .._autostart import with_bootstrap
+    from .._bootstrap import with_bootstrap
 
     env = {k: v for k, v in (os.environ if base is None else base).items()
            if k not in (ENV_GPU, ENV_MEMORY, ENV_CONTEXT, ENV_EVENT_POLLS)}
@@ -201,7 +202,7 @@ def activate(gpu: str, *, memory: int | str | None = None, context: int | str | 
         _core()  # raises with the reason
     # The stand-ins read their settings from the environment; the Python
     # processes this one starts inherit them, and the bootstrap.
-    from .._autostart import with_bootstrap
+    from .._bootstrap import with_bootstrap
 
     for name in (ENV_GPU, ENV_MEMORY, ENV_CONTEXT, ENV_EVENT_POLLS):
         os.environ.pop(name, None)
@@ -226,7 +227,7 @@ def _turn_cudnn_off() -> None:
     torch.backends.cudnn.enabled = False
 
 
-def _activate_from_environment() -> None:
+def activate_from_environment() -> None:
     """At interpreter startup (sitecustomize): switch the virtual GPU on if
     the environment asks for it. Errors are one line on stderr."""
     gpu = os.environ.get(ENV_GPU)

@@ -8,19 +8,20 @@ e = -1 is the moment recording started.
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Any
 
 import numpy as np
 
-from .._format import EventKind
-from .attribution import CATEGORIES, Attribution
-from .baseline import baseline_reserved
+from ..allocator.replay import recorded_reserved
+from ..reader import Capture
+from ..stacks import site
+from .categories import CATEGORIES, Attribution
 
-__all__ = ["Moment", "Timeline", "iterations", "moment", "sites", "timeline", "user_frame"]
+__all__ = ["PERSISTENT", "Moment", "Timeline", "bucket_peaks", "category_timeline", "iterations", "live_series",
+           "moment", "relative_time", "site_names", "sites", "timeline"]
 
-_PERSISTENT = {"parameter", "buffer", "gradient", "optimizer_state"}
-_LIBRARY = re.compile(r"^<frozen |[/\\](torch|allocscope)[/\\]")
+# Categories that live across iterations by design (never a leak).
+PERSISTENT = {"parameter", "buffer", "gradient", "optimizer_state"}
 
 
 @dataclasses.dataclass
@@ -37,7 +38,9 @@ class Timeline:
         return int(np.argmax(series)) - 1
 
 
-def _live_series(att: Attribution, values: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+def live_series(att: Attribution, values: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+    """Sum of `values` over the live rows (all, or `rows`) after each event
+    (index e + 1; 0 is the start)."""
     n = att.n_events
     rows = np.arange(att.rows) if rows is None else rows
     delta = np.zeros(n + 1, np.int64)
@@ -50,38 +53,32 @@ def _live_series(att: Attribution, values: np.ndarray, rows: np.ndarray | None =
     return np.cumsum(delta)
 
 
+def bucket_peaks(series: np.ndarray, points: int) -> np.ndarray:
+    """Positions (indices into series) of the maximum of each of `points`
+    equal slices: the one downsampling of every timeline allocscope draws or
+    prints, which keeps every slice's peak (no peak is smoothed away)."""
+    n = len(series)
+    if n <= points:
+        return np.arange(n, dtype=np.int64)
+    edges = np.linspace(0, n, points + 1).astype(np.int64)
+    width = int(np.max(np.diff(edges)))
+    # Pad each slice to the widest and take argmax row by row (vectorised).
+    idx = edges[:-1, None] + np.arange(width)[None, :]
+    valid = idx < edges[1:, None]
+    vals = np.where(valid, series[np.minimum(idx, n - 1)], np.iinfo(np.int64).min)
+    return edges[:-1] + np.argmax(vals, axis=1)
+
+
 def timeline(att: Attribution) -> Timeline:
-    reserved = None
-    cap = att.capture
-    if att.device_type == "cuda":
-        ev = cap.events
-        base = cap.baseline("start")
-        delta = np.zeros(att.n_events + 1, np.int64)
-        delta[0] = baseline_reserved(base) if base else 0
-        sign = np.zeros(len(ev), np.int64)
-        sign[(ev.kind == EventKind.SEGMENT_ALLOC) | (ev.kind == EventKind.SEGMENT_MAP)] = 1
-        sign[(ev.kind == EventKind.SEGMENT_FREE) | (ev.kind == EventKind.SEGMENT_UNMAP)] = -1
-        delta[1:] = sign * ev.size.astype(np.int64)
-        reserved = np.cumsum(delta)
-    return Timeline(_live_series(att, att.size), _live_series(att, att.rounded), reserved)
+    """Bytes live after each event; on CUDA also the bytes the caching
+    allocator held (from the baseline and the recorded segment events)."""
+    reserved = recorded_reserved(att.capture) if att.device_type == "cuda" else None
+    return Timeline(live_series(att, att.size), live_series(att, att.rounded), reserved)
 
 
-def user_frame(cap: Any, stack_id: int) -> tuple[str, str, int] | None:
-    """(file, function, line) of the innermost frame of a stack outside torch
-    and allocscope (the user's line), else the innermost frame."""
-    frames = cap.stack(stack_id)
-    for f in frames:
-        if not _LIBRARY.search(f.filename):
-            return f.filename, f.function, f.line
-    return (frames[0].filename, frames[0].function, frames[0].line) if frames else None
-
-
-def _site_names(att: Attribution, rows: np.ndarray) -> dict[int, str]:
-    out = {}
-    for s in np.unique(att.stack[rows]).tolist():
-        f = user_frame(att.capture, s) if s else None
-        out[s] = f"{f[0]}:{f[2]} ({f[1]})" if f else "<no stack>"
-    return out
+def site_names(att: Attribution, rows: np.ndarray) -> dict[int, str]:
+    """{stack id: the user's line} of the given rows' stacks."""
+    return {s: (site(att.capture, s) if s else None) or "<no stack>" for s in np.unique(att.stack[rows]).tolist()}
 
 
 @dataclasses.dataclass
@@ -101,11 +98,12 @@ class Moment:
         return dataclasses.asdict(self)
 
 
-def _relative_time(att: Attribution, e: int) -> int:
-    ev = att.capture.events
+def relative_time(cap: Capture, e: int) -> int:
+    """Nanoseconds from the start of recording to event e (0 for e < 0)."""
+    ev = cap.events
     if not len(ev):
         return 0
-    t0 = int(att.capture.metadata.get("start_monotonic_ns") or ev.time_ns[0])
+    t0 = int(cap.metadata.get("start_monotonic_ns") or ev.time_ns[0])
     return max(0, int(ev.time_ns[max(e, 0)]) - t0) if e >= 0 else 0
 
 
@@ -129,7 +127,7 @@ def moment(att: Attribution, e: int, tl: Timeline | None = None, top: int = 20) 
     inverse = np.asarray(inverse).reshape(-1)
     group_bytes = np.bincount(inverse, weights=size, minlength=len(uniq)).astype(np.int64)
     group_count = np.bincount(inverse, minlength=len(uniq))
-    site = _site_names(att, live)
+    site = site_names(att, live)
     groups: dict[tuple[str, str, str], list[int]] = {}
     for (c, mod, stk), b, k in zip(uniq.tolist(), group_bytes.tolist(), group_count.tolist(), strict=True):
         g = groups.setdefault((CATEGORIES[c], att.name(mod), site[stk]), [0, 0])
@@ -138,7 +136,7 @@ def moment(att: Attribution, e: int, tl: Timeline | None = None, top: int = 20) 
     rows = sorted(groups.items(), key=lambda kv: -kv[1][0])[:top]
     tl = tl or timeline(att)
     return Moment(
-        event=e, time_ns=_relative_time(att, e),
+        event=e, time_ns=relative_time(att.capture, e),
         requested_bytes=int(size.sum()), allocated_bytes=int(att.rounded[live].sum()),
         reserved_bytes=int(tl.reserved[e + 1]) if tl.reserved is not None else None,
         by_category=by_category, by_module=by_module,
@@ -161,7 +159,7 @@ def iterations(att: Attribution, tl: Timeline) -> list[dict[str, Any]]:
     ends = np.append(starts[1:], n)
     # Every row by the iteration it was allocated in (-1: before the first).
     owner = np.searchsorted(starts, att.start, side="right") - 1
-    persistent = np.isin(att.category, [CATEGORIES.index(c) for c in _PERSISTENT])
+    persistent = np.isin(att.category, [CATEGORIES.index(c) for c in PERSISTENT])
     retained = (owner >= 0) & (att.end >= n)
     k = len(starts)
     retained_bytes = np.bincount(owner[retained], weights=att.size[retained], minlength=k).astype(np.int64)
@@ -180,8 +178,8 @@ def iterations(att: Attribution, tl: Timeline) -> list[dict[str, Any]]:
             p, peak_bytes = s, int(tl.allocated[s + 1])
         out.append({
             "iteration": int(keys[j]), "first_event": s, "last_event": e - 1,
-            "start_ns": _relative_time(att, s), "end_ns": _relative_time(att, e - 1),
-            "peak_allocated_bytes": peak_bytes, "peak_time_ns": _relative_time(att, p),
+            "start_ns": relative_time(att.capture, s), "end_ns": relative_time(att.capture, e - 1),
+            "peak_allocated_bytes": peak_bytes, "peak_time_ns": relative_time(att.capture, p),
             "allocated_at_start_bytes": int(tl.allocated[s]), "allocated_at_end_bytes": int(tl.allocated[e]),
             "growth_bytes": int(tl.allocated[e] - tl.allocated[s]),
             "retained_bytes": int(retained_bytes[j]), "leaked_bytes": int(leaked_bytes[j]),
@@ -201,7 +199,7 @@ def sites(att: Attribution, at: int, top: int = 20) -> list[dict[str, Any]]:
     count = np.bincount(inverse, minlength=len(stacks))
     live = att.live(at)[recorded]
     live_bytes = np.bincount(inverse[live], weights=size[live], minlength=len(stacks)).astype(np.int64)
-    names = _site_names(att, recorded)
+    names = site_names(att, recorded)
     table: dict[str, list[int]] = {}
     for stk, b, k, lb in zip(stacks.tolist(), allocated.tolist(), count.tolist(), live_bytes.tolist(), strict=True):
         g = table.setdefault(names[stk], [0, 0, 0])
@@ -216,15 +214,9 @@ def category_timeline(att: Attribution, tl: Timeline, points: int = 256) -> dict
     """Bytes live per category at up to `points` moments: in each of
     `points` equal slices of the events, the moment allocated memory is
     highest (so no peak is smoothed away)."""
-    n = att.n_events
-    edges = np.linspace(0, n + 1, min(points, n + 1) + 1).astype(np.int64)
-    picks = []
-    for a, b in zip(edges[:-1], edges[1:], strict=True):
-        if b > a:
-            picks.append(a + int(np.argmax(tl.allocated[a:b])))
-    picks_arr = np.array(picks, np.int64)  # positions: event index + 1
+    picks_arr = bucket_peaks(tl.allocated, points)  # positions: event index + 1
     out: dict[str, Any] = {"event": (picks_arr - 1).tolist(),
-                           "time_ns": [_relative_time(att, int(p) - 1) for p in picks_arr],
+                           "time_ns": [relative_time(att.capture, int(p) - 1) for p in picks_arr],
                            "allocated_bytes": tl.allocated[picks_arr].tolist()}
     if tl.reserved is not None:
         out["reserved_bytes"] = tl.reserved[picks_arr].tolist()
@@ -232,6 +224,6 @@ def category_timeline(att: Attribution, tl: Timeline, points: int = 256) -> dict
     for i, c in enumerate(CATEGORIES):
         rows = np.flatnonzero(att.category == i)
         if len(rows):
-            by_category[c] = _live_series(att, att.size, rows)[picks_arr].tolist()
+            by_category[c] = live_series(att, att.size, rows)[picks_arr].tolist()
     out["by_category"] = by_category
     return out

@@ -1,9 +1,12 @@
 """The caching allocator's settings: parsing a PYTORCH_CUDA_ALLOC_CONF string
-the way c10's AcceleratorAllocatorConfig::parseArgs does, and reading the
-settings a capture was recorded with.
+the way c10's AcceleratorAllocatorConfig::parseArgs does (its tokenizer, its
+keys, its checks), and reading the settings a capture was recorded with.
 
-Only the keys that change the device allocator's decisions are kept; pinned
-host memory keys and the like are accepted and ignored, as torch does.
+One tokenizer and one item splitter serve both the strict parse the model
+replays with (parse_alloc_conf) and the lenient record a capture's metadata
+keeps of whatever the user set (settings_items). Only the keys that change
+the device allocator's decisions are kept; pinned host memory keys and the
+like are accepted and ignored, as torch does.
 """
 
 from __future__ import annotations
@@ -12,12 +15,9 @@ import dataclasses
 import re
 from typing import Any
 
-__all__ = ["AllocatorConfig", "ConfigError", "MiB", "parse_alloc_conf", "recorded_config"]
+from .sizes import LARGE_BUFFER, ROUNDUP_INTERVALS, SIZE_MAX, MiB
 
-MiB = 1 << 20
-SIZE_MAX = (1 << 64) - 1
-_INTERVALS = 16  # roundup_power2_divisions buckets: 1 MiB, 2 MiB, ... 32 GiB and above
-_LARGE_BUFFER = 20 * MiB
+__all__ = ["AllocatorConfig", "ConfigError", "parse_alloc_conf", "recorded_config", "settings_items"]
 
 # Keys torch parses that do not change where device blocks go.
 _IGNORED = {
@@ -37,10 +37,10 @@ class AllocatorConfig:
     """The settings the simulator replays with (defaults: torch's)."""
 
     max_split_size: int = SIZE_MAX
-    max_non_split_rounding_size: int = _LARGE_BUFFER
-    large_segment_size: int = _LARGE_BUFFER
+    max_non_split_rounding_size: int = LARGE_BUFFER
+    large_segment_size: int = LARGE_BUFFER
     garbage_collection_threshold: float = 0.0
-    roundup_power2_divisions: tuple[int, ...] = (0,) * _INTERVALS
+    roundup_power2_divisions: tuple[int, ...] = (0,) * ROUNDUP_INTERVALS
     expandable_segments: bool = False
     per_process_memory_fraction: float | None = None  # torch >= 2.14 accepts it as a key
 
@@ -51,9 +51,9 @@ class AllocatorConfig:
             parts.append("expandable_segments:True")
         if self.max_split_size != SIZE_MAX:
             parts.append(f"max_split_size_mb:{self.max_split_size // MiB}")
-        if self.max_non_split_rounding_size != _LARGE_BUFFER:
+        if self.max_non_split_rounding_size != LARGE_BUFFER:
             parts.append(f"max_non_split_rounding_mb:{self.max_non_split_rounding_size // MiB}")
-        if self.large_segment_size != _LARGE_BUFFER:
+        if self.large_segment_size != LARGE_BUFFER:
             parts.append(f"large_segment_size_mb:{self.large_segment_size // MiB}")
         if self.garbage_collection_threshold > 0:
             parts.append(f"garbage_collection_threshold:{self.garbage_collection_threshold:g}")
@@ -71,7 +71,41 @@ class AllocatorConfig:
 
 def _tokens(text: str) -> list[str]:
     # torch's ConfigTokenizer: ',', ':', '[' and ']' are tokens; spaces are dropped.
-    return [t for t in re.split(r"([,:\[\]])", text.replace(" ", "")) if t]
+    return [t for t in re.split(r"([,:\[\]])", (text or "").replace(" ", "")) if t]
+
+
+def _items(text: str, *, strict: bool) -> list[tuple[str, list[str]]]:
+    """(key, value tokens) of each comma-separated setting; a bracketed list
+    stays one value. strict: refuse what torch refuses to read as a setting."""
+    tok = _tokens(text)
+    out: list[tuple[str, list[str]]] = []
+    i = 0
+    while i < len(tok):
+        key = tok[i]
+        i += 1
+        if key in ",:[]":
+            if strict:
+                raise ConfigError(f"expected a setting name, got {key!r}")
+            continue
+        value: list[str] = []
+        if i < len(tok) and tok[i] == ":":
+            i += 1
+            depth = 0
+            while i < len(tok) and (depth or tok[i] != ","):
+                depth += (tok[i] == "[") - (tok[i] == "]")
+                value.append(tok[i])
+                i += 1
+        if strict and not value:
+            raise ConfigError(f"{key}: expected '{key}:<value>'")
+        out.append((key, value))
+        i += 1  # the ',' after the value
+    return out
+
+
+def settings_items(text: str | None) -> dict[str, str]:
+    """A settings string as {key: value text}, without judging keys or values
+    (what a capture's metadata records of PYTORCH_CUDA_ALLOC_CONF)."""
+    return {key: "".join(value) for key, value in _items(text or "", strict=False)}
 
 
 def _int(tok: str, key: str) -> int:
@@ -89,8 +123,8 @@ def _float(tok: str, key: str) -> float:
 
 def _mib_at_least_20(tok: str, key: str) -> int:
     mb = _int(tok, key)
-    if mb < _LARGE_BUFFER // MiB:
-        raise ConfigError(f"{key} too small, must be >= {_LARGE_BUFFER // MiB}")
+    if mb < LARGE_BUFFER // MiB:
+        raise ConfigError(f"{key} too small, must be >= {LARGE_BUFFER // MiB}")
     return mb * MiB
 
 
@@ -106,98 +140,87 @@ def _power_of_two(v: int) -> bool:
     return v > 0 and v & (v - 1) == 0
 
 
+def _scalar(key: str, value: list[str]) -> str:
+    if len(value) != 1:
+        raise ConfigError(f"{key}: expected one value, got {''.join(value)!r}")
+    return value[0]
+
+
 def parse_alloc_conf(text: str, base: AllocatorConfig | None = None) -> AllocatorConfig:
     """Applies a PYTORCH_CUDA_ALLOC_CONF string to `base` (default: torch's
     defaults). As in torch, max_split_size, roundup_power2_divisions and
     garbage_collection_threshold reset to their defaults unless given."""
     base = base or AllocatorConfig()
     fields: dict[str, Any] = dataclasses.asdict(base)
-    fields["roundup_power2_divisions"] = [0] * _INTERVALS
+    fields["roundup_power2_divisions"] = [0] * ROUNDUP_INTERVALS
     fields["max_split_size"] = SIZE_MAX
     fields["garbage_collection_threshold"] = 0.0
-    tok = _tokens(text or "")
-    i = 0
-
-    def value(key: str) -> str:
-        nonlocal i
-        if i + 2 >= len(tok) or tok[i + 1] != ":":
-            raise ConfigError(f"{key}: expected '{key}:<value>'")
-        i += 2
-        return tok[i]
-
-    while i < len(tok):
-        key = tok[i]
-        if key == "max_split_size_mb":
-            fields["max_split_size"] = _mib_at_least_20(value(key), key)
+    for key, value in _items(text or "", strict=True):
+        if key == "roundup_power2_divisions":
+            _parse_divisions(value, fields["roundup_power2_divisions"])
+        elif key in _IGNORED:
+            pass
+        elif key == "max_split_size_mb":
+            fields["max_split_size"] = _mib_at_least_20(_scalar(key, value), key)
         elif key == "max_non_split_rounding_mb":
-            fields["max_non_split_rounding_size"] = _mib_at_least_20(value(key), key)
+            fields["max_non_split_rounding_size"] = _mib_at_least_20(_scalar(key, value), key)
         elif key == "large_segment_size_mb":
-            fields["large_segment_size"] = _int(value(key), key) * MiB
+            fields["large_segment_size"] = _int(_scalar(key, value), key) * MiB
         elif key == "garbage_collection_threshold":
-            thr = _float(value(key), key)
+            thr = _float(_scalar(key, value), key)
             if not 0.0 < thr < 1.0:
                 raise ConfigError("garbage_collection_threshold must be in (0.0, 1.0)")
             fields["garbage_collection_threshold"] = thr
         elif key == "expandable_segments":
-            fields["expandable_segments"] = _bool(value(key), key)
+            fields["expandable_segments"] = _bool(_scalar(key, value), key)
         elif key == "per_process_memory_fraction":
-            frac = _float(value(key), key)
+            frac = _float(_scalar(key, value), key)
             if not 0.0 <= frac <= 1.0:
                 raise ConfigError("per_process_memory_fraction must be in [0, 1]")
             fields["per_process_memory_fraction"] = frac
-        elif key == "roundup_power2_divisions":
-            i = _parse_divisions(tok, i, fields["roundup_power2_divisions"])
-        elif key in _IGNORED:
-            value(key)
         else:
             raise ConfigError(f"unknown allocator setting {key!r}")
-        i += 1
-        if i < len(tok):
-            if tok[i] != ",":
-                raise ConfigError(f"expected ',' before {tok[i]!r}")
-            i += 1
     fields["roundup_power2_divisions"] = tuple(fields["roundup_power2_divisions"])
     return AllocatorConfig(**fields)
 
 
-def _parse_divisions(tok: list[str], i: int, table: list[int]) -> int:
-    """torch's parseRoundUpPower2Divisions; returns the index of the last token used."""
+def _parse_divisions(value: list[str], table: list[int]) -> None:
+    """torch's parseRoundUpPower2Divisions: one power of two for every
+    bucket, or '[<MiB>:<divisions>,...,>:<divisions>]'."""
     key = "roundup_power2_divisions"
-    if i + 2 >= len(tok) or tok[i + 1] != ":":
-        raise ConfigError(f"{key}: expected '{key}:<value>'")
-    i += 2
-    if tok[i] != "[":
-        v = _int(tok[i], key)
+    if value[0] != "[":
+        v = _int(_scalar(key, value), key)
         if not _power_of_two(v):
             raise ConfigError(f"{key}: divisions must be a power of 2")
-        table[:] = [v] * _INTERVALS
-        return i
-    first, last_index = True, 0
-    i += 1
-    while i < len(tok) and tok[i] != "]":
-        if i + 2 >= len(tok) or tok[i + 1] != ":":
+        table[:] = [v] * ROUNDUP_INTERVALS
+        return
+    if value[-1] != "]":
+        raise ConfigError(f"{key}: missing ']'")
+    entries = value[1:-1]
+    first, last_index, i = True, 0, 0
+    while i < len(entries):
+        if i + 2 >= len(entries) or entries[i + 1] != ":":
             raise ConfigError(f"{key}: expected '<MiB>:<divisions>' entries")
-        bound, v = tok[i], _int(tok[i + 2], key)
+        bound, v = entries[i], _int(entries[i + 2], key)
         if v != 0 and not _power_of_two(v):
             raise ConfigError(f"{key}: divisions must be a power of 2 or 0")
         if bound == ">":
-            table[last_index + 1:] = [v] * (_INTERVALS - last_index - 1)
+            table[last_index + 1:] = [v] * (ROUNDUP_INTERVALS - last_index - 1)
         else:
             b = _int(bound, key)
             if not _power_of_two(b):
                 raise ConfigError(f"{key}: interval bounds must be powers of 2")
-            index = min(b.bit_length() - 1, _INTERVALS - 1)
+            index = min(b.bit_length() - 1, ROUNDUP_INTERVALS - 1)
             if first:
                 table[:index] = [v] * index
                 first = False
             table[index] = v
             last_index = index
         i += 3
-        if i < len(tok) and tok[i] == ",":
+        if i < len(entries):
+            if entries[i] != ",":
+                raise ConfigError(f"{key}: expected ',' between entries")
             i += 1
-    if i >= len(tok):
-        raise ConfigError(f"{key}: missing ']'")
-    return i
 
 
 def recorded_config(baseline: dict[str, Any] | None, metadata: dict[str, Any] | None = None) -> AllocatorConfig:
@@ -220,8 +243,8 @@ def recorded_config(baseline: dict[str, Any] | None, metadata: dict[str, Any] | 
         fields["expandable_segments"] = bool(config["expandable_segments"])
     table = config.get("roundup_power2_divisions")
     if table:
-        t = [int(x) for x in table][:_INTERVALS]
-        fields["roundup_power2_divisions"] = tuple(t + [0] * (_INTERVALS - len(t)))
+        t = [int(x) for x in table][:ROUNDUP_INTERVALS]
+        fields["roundup_power2_divisions"] = tuple(t + [0] * (ROUNDUP_INTERVALS - len(t)))
     else:
         fields["roundup_power2_divisions"] = tuple(fields["roundup_power2_divisions"])
     return AllocatorConfig(**fields)

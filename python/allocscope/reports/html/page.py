@@ -1,4 +1,4 @@
-"""Assembling the HTML report: the data it draws (analysis/views.py reduces
+"""Assembling the HTML report: the data it draws (reports/views.py reduces
 every per-event array to a few thousand points) and the page around it.
 
 Why plain SVG and no plotting library: the charts are five simple shapes
@@ -17,14 +17,14 @@ from typing import Any
 
 import numpy as np
 
-from .. import __version__
-from .._format import EventKind
-from .._progress import Steps
-from ..analysis.fragmentation import figures
-from ..analysis.memory import _relative_time
-from ..analysis.report import analyse, build_report
-from ..analysis.views import leaks, marks, module_tree, segments_view, stack_tree, timeline_view
-from ..reader import Capture
+from ..._format import EventKind
+from ..._progress import Steps
+from ..._version import __version__
+from ...allocator.fragmentation import figures
+from ...attribution.timeline import relative_time
+from ...reader import Capture
+from ..report import Analysis, analyse, build_report
+from ..views import leaks, marks, module_tree, segments_view, stack_tree, timeline_view
 
 __all__ = ["SCHEMA", "html_data", "render", "write_html"]
 
@@ -39,7 +39,7 @@ def _iterations(its: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: it[k] for k in keep} for it in its]
 
 
-def _allocator(report: dict[str, Any], an: Any, focus: int) -> dict[str, Any] | None:
+def _allocator(report: dict[str, Any], an: Analysis, focus: int) -> dict[str, Any] | None:
     rep = an.replay
     if rep is None or "allocator" not in report:
         return None
@@ -87,7 +87,7 @@ def html_data(cap: Capture, *, at: str | None = None, top: int = 200, points: in
         "theory": report["theory"], "gap": report["gap"], "measured": report["measured"],
         "timeline": timeline_view(an.att, an.tl, points=points),
         "marks": marks(cap, an.att),
-        "ooms": [{"event": int(i), "time_ns": _relative_time(an.att, int(i)), "size": int(ev.size[i] or ev.block[i])}
+        "ooms": [{"event": int(i), "time_ns": relative_time(cap, int(i)), "size": int(ev.size[i] or ev.block[i])}
                  for i in oom_idx.tolist()],
         "groups": focus["top"],
         "sites": report["sites"],

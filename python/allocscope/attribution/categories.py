@@ -31,10 +31,10 @@ from typing import Any
 import numpy as np
 
 from .._format import TENSOR_LABELS, EventKind
+from ..allocator.segments import baseline_blocks
+from ..allocator.sizes import round_sizes
 from ..reader import Capture
-from .baseline import baseline_blocks
 from .lifetimes import lifetimes
-from .rounding import round_size
 
 __all__ = ["CATEGORIES", "PHASES", "Attribution", "attribute"]
 
@@ -60,7 +60,7 @@ class Attribution:
     Row i is live after event e when start[i] <= e < end[i]; start is -1 for
     memory that existed before recording, end is len(events) for memory still
     live at the end. size: requested bytes; rounded: the allocator's block
-    size (CUDA: from the baseline, or estimated by round_size).
+    size (CUDA: from the recording or the baseline, else round_size's).
     """
 
     capture: Capture
@@ -149,62 +149,65 @@ def _label_module(kind: int, name: str) -> str:
     return name.rsplit(".", 1)[0] if "." in name else name
 
 
-def attribute(cap: Capture) -> Attribution:
-    """Attributes every allocation of a capture (see the module docstring)."""
-    ev = cap.events
-    n = len(ev)
-    warnings: list[str] = []
-    device_type = "cuda" if "cuda" in cap.metadata.get("devices_recorded", []) else "cpu"
-    lt = lifetimes(ev)
+class _Rows:
+    """The rows' columns, built in parts: recorded allocations, then memory
+    from before recording (the start baseline's blocks, labelled addresses)."""
 
-    # ---- rows: recorded allocations, then memory from before recording
-    addr = [ev.addr[lt.alloc].astype(np.uint64)]
-    size = [ev.size[lt.alloc].astype(np.int64)]
-    start = [lt.alloc.astype(np.int64)]
-    end = [np.where(lt.free >= 0, lt.free, n).astype(np.int64)]
-    stack = [ev.stack[lt.alloc].astype(np.int64)]
-    thread = [ev.thread[lt.alloc].astype(np.int64)]
-    device = [ev.device[lt.alloc].astype(np.int64)]
-    block = ev.block[lt.alloc].astype(np.int64)
-    rounded = [block]
+    COLUMNS = ("addr", "size", "rounded", "start", "end", "stack", "thread", "device")
 
-    unmatched_frees_at: dict[int, list[int]] = {}  # address -> FREEs of memory from before recording
-    for i in lt.unmatched_frees.tolist():
-        unmatched_frees_at.setdefault(int(ev.addr[i]), []).append(i)
+    def __init__(self, cap: Capture, n: int):
+        ev = cap.events
+        lt = lifetimes(ev)
+        self.n = n
+        self.parts: dict[str, list[np.ndarray]] = {
+            "addr": [ev.addr[lt.alloc].astype(np.uint64)], "size": [ev.size[lt.alloc].astype(np.int64)],
+            "rounded": [ev.block[lt.alloc].astype(np.int64)], "start": [lt.alloc.astype(np.int64)],
+            "end": [np.where(lt.free >= 0, lt.free, n).astype(np.int64)],
+            "stack": [ev.stack[lt.alloc].astype(np.int64)], "thread": [ev.thread[lt.alloc].astype(np.int64)],
+            "device": [ev.device[lt.alloc].astype(np.int64)]}
+        self.unmatched_frees_at: dict[int, list[int]] = {}  # address -> FREEs of memory from before recording
+        for i in lt.unmatched_frees.tolist():
+            self.unmatched_frees_at.setdefault(int(ev.addr[i]), []).append(i)
 
-    def free_after(a: int, index: int) -> int:
-        frees = unmatched_frees_at.get(a, ())
+    def free_after(self, a: int, index: int) -> int:
+        """The first FREE of older memory at address a after event index (n: none)."""
+        frees = self.unmatched_frees_at.get(a, ())
         k = bisect.bisect_right(frees, index)
-        return frees[k] if k < len(frees) else n
+        return frees[k] if k < len(frees) else self.n
 
-    base = cap.baseline("start") if device_type == "cuda" else None
-    if base is not None and base.get("segments") is not None:
-        blocks = baseline_blocks(base)
-        pre = sorted(blocks.items())
-        addr.append(np.array([a for a, _ in pre], np.uint64))
-        size.append(np.array([r for _, (_, r, _) in pre], np.int64))
-        rounded.append(np.array([b for _, (b, _, _) in pre], np.int64))
-        start.append(np.full(len(pre), -1, np.int64))
-        end.append(np.array([free_after(a, -1) for a, _ in pre], np.int64))
-        stack.append(np.zeros(len(pre), np.int64))
-        thread.append(np.zeros(len(pre), np.int64))
-        device.append(np.array([d for _, (_, _, d) in pre], np.int64))
+    def add_older(self, addr: list[int], size: list[int], rounded: list[int] | None, end: list[int],
+                  device: list[int] | int) -> None:
+        """Rows of memory that existed before recording (live from the start)."""
+        k = len(addr)
+        new = {"addr": np.array(addr, np.uint64), "size": np.array(size, np.int64),
+               "rounded": np.array(rounded, np.int64) if rounded is not None else np.zeros(k, np.int64),
+               "start": np.full(k, -1, np.int64), "end": np.array(end, np.int64), "stack": np.zeros(k, np.int64),
+               "thread": np.zeros(k, np.int64),
+               "device": np.array(device, np.int64) if isinstance(device, list) else np.full(k, device, np.int64)}
+        for c in self.COLUMNS:
+            self.parts[c].append(new[c])
 
-    kind = ev.kind
-    label_idx = np.flatnonzero(np.isin(kind, [int(k) for k in TENSOR_LABELS]))
-    label_addrs = {int(a) for a in ev.addr[label_idx].tolist()}
-
-    def cat(parts: list[np.ndarray]) -> np.ndarray:
+    def column(self, name: str) -> np.ndarray:
+        parts = self.parts[name]
         return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
-    A, S, ST, EN = cat(addr), cat(size), cat(start), cat(end)
+    def __len__(self) -> int:
+        return sum(len(p) for p in self.parts["addr"])
+
+
+def _join_labels(ev: Any, rows: _Rows, label_idx: np.ndarray, device_type: str, warnings: list[str]) -> np.ndarray:
+    """The row each tensor label (events label_idx) names, -1 for none: the
+    row live at its address when it was written, or a new row of memory from
+    before recording where nothing recorded was there yet."""
+    label_addrs = {int(a) for a in ev.addr[label_idx].tolist()}
+    A, ST, EN = rows.column("addr"), rows.column("start"), rows.column("end")
     # Rows at labelled addresses, by address, in start order, for the label join.
     by_addr: dict[int, list[tuple[int, int, int]]] = {}
     for r in np.flatnonzero(np.isin(A, np.fromiter(label_addrs, np.uint64, len(label_addrs)))).tolist():
         by_addr.setdefault(int(A[r]), []).append((int(ST[r]), int(EN[r]), r))
-    for rows in by_addr.values():
-        rows.sort()
-    starts_at = {a: [s for s, _, _ in rows] for a, rows in by_addr.items()}
+    for at in by_addr.values():
+        at.sort()
+    starts_at = {a: [s for s, _, _ in at] for a, at in by_addr.items()}
 
     def live_row(a: int, index: int) -> int:
         """The row at address a that started last at or before index, if still live."""
@@ -216,54 +219,41 @@ def attribute(cap: Capture) -> Attribution:
 
     extra: list[tuple[int, int, int]] = []  # (addr, size, end) of labelled memory from before recording
     label_rows = np.full(len(label_idx), -1, np.int64)
-    unmatched_labels = 0
+    unmatched = 0
     for j, i in enumerate(label_idx.tolist()):
         a = int(ev.addr[i])
         r = live_row(a, i)
         if r < 0:
-            rows = by_addr.get(a, [])
-            if not rows or rows[0][0] > i:  # nothing recorded there yet: it predates recording
+            at = by_addr.get(a, [])
+            if not at or at[0][0] > i:  # nothing recorded there yet: it predates recording
                 r = len(A) + len(extra)
-                e = free_after(a, i)
+                e = rows.free_after(a, i)
                 extra.append((a, int(ev.size[i]), e))
                 by_addr.setdefault(a, []).insert(0, (-1, e, r))
                 starts_at.setdefault(a, []).insert(0, -1)
             else:
-                unmatched_labels += 1
+                unmatched += 1
                 continue
         label_rows[j] = r
-    if unmatched_labels:
-        warnings.append(f"{unmatched_labels} tensor labels name no live allocation (memory from outside "
+    if unmatched:
+        warnings.append(f"{unmatched} tensor labels name no live allocation (memory from outside "
                         "the recorded allocators, or events lost)")
     if extra:
-        addr.append(np.array([a for a, _, _ in extra], np.uint64))
-        size.append(np.array([s for _, s, _ in extra], np.int64))
-        rounded.append(np.zeros(len(extra), np.int64))
-        start.append(np.full(len(extra), -1, np.int64))
-        end.append(np.array([e for _, _, e in extra], np.int64))
-        for parts in (stack, thread):
-            parts.append(np.zeros(len(extra), np.int64))
-        device.append(np.full(len(extra), -1 if device_type == "cpu" else 0, np.int64))
-    A, S, ST, EN = cat(addr), cat(size), cat(start), cat(end)
-    R = cat(rounded)
-    STK, TH, DEV = cat(stack), cat(thread), cat(device)
-    rows = len(A)
+        rows.add_older([a for a, _, _ in extra], [s for _, s, _ in extra], None, [e for _, _, e in extra],
+                       -1 if device_type == "cpu" else 0)
+    return label_rows
 
-    names = _Names()
-    strings = cap.strings
 
-    def string(i: int) -> str:
-        sid = int(ev.arg[i])
-        return strings[sid] if sid < len(strings) else "?"
-
-    # ---- labels: category and name by priority
-    category = np.full(rows, -1, np.int64)
-    label = np.full(rows, -1, np.int64)
-    module = np.full(rows, -1, np.int64)
-    best = np.full(rows, len(TENSOR_LABELS), np.int64)
+def _label_meaning(cap: Capture, label_idx: np.ndarray, label_rows: np.ndarray, n_rows: int,
+                   names: _Names) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(category, label, module) per row from its highest-priority label (-1: unlabelled)."""
+    ev, strings = cap.events, cap.strings
+    category = np.full(n_rows, -1, np.int64)
+    label = np.full(n_rows, -1, np.int64)
+    module = np.full(n_rows, -1, np.int64)
+    best = np.full(n_rows, len(TENSOR_LABELS), np.int64)
     meaning: dict[tuple[int, int], tuple[int, int, int]] = {}  # (kind, string id) -> category, label, module
-    for j, (i, k, sid) in enumerate(zip(label_idx.tolist(), kind[label_idx].tolist(), ev.arg[label_idx].tolist(),
-                                        strict=True)):
+    for j, (k, sid) in enumerate(zip(ev.kind[label_idx].tolist(), ev.arg[label_idx].tolist(), strict=True)):
         r = int(label_rows[j])
         if r < 0:
             continue
@@ -272,39 +262,73 @@ def attribute(cap: Capture) -> Attribution:
             best[r] = p
             m = meaning.get((k, sid))
             if m is None:
-                text = string(i)
+                text = strings[sid] if sid < len(strings) else "?"
                 m = meaning[(k, sid)] = (_CAT[_LABEL_CATEGORY[EventKind(k)]],
                                          names(text) if k != EventKind.ACTIVATION else -1,
                                          names(_label_module(k, text)))
             category[r], label[r], module[r] = m
+    return category, label, module
 
-    # ---- phases
-    p_idx = np.flatnonzero(kind == EventKind.PHASE)
-    phase_names = [string(i) for i in p_idx.tolist()]
-    phase_code = np.array([PHASES.index(p) if p in PHASES else 0 for p in phase_names], np.int64)
-    p_iter = ev.addr[p_idx].astype(np.int64)
+
+def _phase_rule(p_idx: np.ndarray, phase_code: np.ndarray, p_iter: np.ndarray, start: np.ndarray, end: np.ndarray,
+                n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(phase, iteration, category by the phase rule) per row (rule 3 of the module docstring)."""
     p_end = np.append(p_idx[1:], n)
-    inst = np.searchsorted(p_idx, ST, side="right") - 1  # phase instance of each allocation
+    inst = np.searchsorted(p_idx, start, side="right") - 1  # phase instance of each allocation
     has_phase = inst >= 0
     phase = np.where(has_phase, phase_code[np.maximum(inst, 0)] if len(p_idx) else 0, 0)
     iteration = np.where(has_phase, p_iter[np.maximum(inst, 0)] if len(p_idx) else 0, 0)
-    freed_in_phase = has_phase & (EN < np.where(has_phase, p_end[np.maximum(inst, 0)] if len(p_idx) else n, n))
-    free_inst = np.searchsorted(p_idx, EN, side="right") - 1
-    freed_in_backward = (EN < n) & (free_inst >= 0) & (
+    freed_in_phase = has_phase & (end < np.where(has_phase, p_end[np.maximum(inst, 0)] if len(p_idx) else n, n))
+    free_inst = np.searchsorted(p_idx, end, side="right") - 1
+    freed_in_backward = (end < n) & (free_inst >= 0) & (
         (phase_code[np.maximum(free_inst, 0)] if len(p_idx) else 0) == PHASES.index("backward"))
-
-    unlabelled = category < 0
-    rule = np.full(rows, _CAT["unknown"], np.int64)
+    rule = np.full(len(start), _CAT["unknown"], np.int64)
     rule[(phase == PHASES.index("forward")) & freed_in_backward & ~freed_in_phase] = _CAT["activation"]
     rule[freed_in_phase] = _CAT["temporary"]
-    rule[(phase == 0) | (phase == PHASES.index("other")) | (ST < 0)] = _CAT["other"]
+    rule[(phase == 0) | (phase == PHASES.index("other")) | (start < 0)] = _CAT["other"]
+    return phase, iteration, rule
+
+
+def attribute(cap: Capture) -> Attribution:
+    """Attributes every allocation of a capture (see the module docstring)."""
+    ev = cap.events
+    n = len(ev)
+    warnings: list[str] = []
+    device_type = "cuda" if "cuda" in cap.metadata.get("devices_recorded", []) else "cpu"
+    strings = cap.strings
+
+    def string(i: int) -> str:
+        sid = int(ev.arg[i])
+        return strings[sid] if sid < len(strings) else "?"
+
+    # ---- rows: recorded allocations, then memory from before recording
+    rows = _Rows(cap, n)
+    base = cap.baseline("start") if device_type == "cuda" else None
+    if base is not None and base.get("segments") is not None:
+        pre = sorted(baseline_blocks(base).items())
+        rows.add_older([a for a, _ in pre], [r for _, (_, r, _) in pre], [b for _, (b, _, _) in pre],
+                       [rows.free_after(a, -1) for a, _ in pre], [d for _, (_, _, d) in pre])
+    label_idx = np.flatnonzero(np.isin(ev.kind, [int(k) for k in TENSOR_LABELS]))
+    label_rows = _join_labels(ev, rows, label_idx, device_type, warnings)
+    A, S, R, ST, EN = (rows.column(c) for c in ("addr", "size", "rounded", "start", "end"))
+
+    # ---- labels: category and name by priority, then the phase rule for the rest
+    names = _Names()
+    category, label, module = _label_meaning(cap, label_idx, label_rows, len(A), names)
+    p_idx = np.flatnonzero(ev.kind == EventKind.PHASE)
+    phase_names = [string(i) for i in p_idx.tolist()]
+    phase_code = np.array([PHASES.index(p) if p in PHASES else 0 for p in phase_names], np.int64)
+    p_iter = ev.addr[p_idx].astype(np.int64)
+    phase, iteration, rule = _phase_rule(p_idx, phase_code, p_iter, ST, EN, n)
+    unlabelled = category < 0
     category[unlabelled] = rule[unlabelled]
 
     # ---- modules of unlabelled rows: the scope open on the allocating thread
+    TH = rows.column("thread")
     _module_scopes(cap, names, p_idx, ST, TH, module, unlabelled)
 
     watches = []
-    for i in np.flatnonzero(kind == EventKind.WATCH).tolist():
+    for i in np.flatnonzero(ev.kind == EventKind.WATCH).tolist():
         try:
             watches.append(json.loads(string(i)))
         except ValueError:
@@ -313,15 +337,15 @@ def attribute(cap: Capture) -> Attribution:
     if device_type == "cuda":
         divisions = (base or {}).get("config", {}).get("roundup_power2_divisions", ())
         unknown = R <= 0
-        R[unknown] = round_size(S[unknown], divisions)
+        R[unknown] = round_sizes(S[unknown], divisions)
     else:
         R = np.where(R > 0, R, S)
 
     return Attribution(
-        capture=cap, n_events=n, addr=A, size=S, rounded=R, start=ST, end=EN, stack=STK, thread=TH, device=DEV,
-        category=category, module=module, label=label, phase=phase, iteration=iteration, names=names.names,
-        phase_starts=p_idx, phase_names=phase_names, phase_iterations=p_iter, watches=watches,
-        device_type=device_type, warnings=warnings)
+        capture=cap, n_events=n, addr=A, size=S, rounded=R, start=ST, end=EN, stack=rows.column("stack"),
+        thread=TH, device=rows.column("device"), category=category, module=module, label=label, phase=phase,
+        iteration=iteration, names=names.names, phase_starts=p_idx, phase_names=phase_names,
+        phase_iterations=p_iter, watches=watches, device_type=device_type, warnings=warnings)
 
 
 def _module_scopes(cap: Capture, names: _Names, p_idx: np.ndarray, start: np.ndarray, thread: np.ndarray,

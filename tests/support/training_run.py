@@ -5,7 +5,7 @@ The loop looks like what `allocscope.record` + `rec.watch` write: a WATCH
 annotation, labelled parameters, forward/backward/optimizer phases with
 module scopes, saved activations, temporaries, gradients made in backward and
 freed by zero_grad, Adam state made at the first step, and a mark per step.
-On "cuda" the allocations go through the allocator model (analysis/simulator)
+On "cuda" the allocations go through the allocator model (allocscope.allocator)
 so that addresses and segment events are what torch's caching allocator would
 produce: a replay of the capture is exact. Steps after the second repeat the
 second exactly, so the events of step 2..n are tiled with numpy and a capture
@@ -19,11 +19,12 @@ from typing import Any
 
 import numpy as np
 
-from . import _format as F
-from ._synthetic import CaptureBuilder
-from .analysis.allocator_config import AllocatorConfig
-from .analysis.allocator_state import baseline_segments
-from .analysis.simulator import BumpAddresses, DeviceAllocator
+from allocscope import _format as F
+from allocscope.allocator.blocks import BumpAddresses
+from allocscope.allocator.config import AllocatorConfig
+from allocscope.allocator.model import DeviceAllocator
+from allocscope.allocator.state import segments
+from allocscope.writer import CaptureWriter
 
 __all__ = ["training_run"]
 
@@ -34,7 +35,7 @@ GiB = 1 << 30
 
 
 class _Loop:
-    def __init__(self, b: CaptureBuilder, dev: DeviceAllocator, stream: int, layers: int, hidden: int, batch: int):
+    def __init__(self, b: CaptureWriter, dev: DeviceAllocator, stream: int, layers: int, hidden: int, batch: int):
         self.b, self.dev, self.stream = b, dev, stream
         self.layers, self.hidden, self.batch = layers, hidden, batch
         self.blocks: dict[int, Any] = {}
@@ -128,7 +129,7 @@ def training_run(path: str, events: int, *, device: str = "cuda", layers: int = 
     total = 80 * GiB
     meta = {"synthetic": True, "torch": "synthetic", "devices_recorded": [device],
             "start_monotonic_ns": 1_000_000}
-    b = CaptureBuilder(meta, device=0 if cuda else -1)
+    b = CaptureWriter(meta, device=0 if cuda else -1)
     stream = b.default_stream
     dev = DeviceAllocator(AllocatorConfig(), device=0, total=total, addresses=BumpAddresses(0x7F0000000000))
     if cuda:
@@ -166,7 +167,7 @@ def training_run(path: str, events: int, *, device: str = "cuda", layers: int = 
         tiled["arg"] = np.where(np.tile(mark, reps), mark_ids[k - 3], tiled["arg"])
         b.extend(**tiled)
     if cuda:
-        b.baseline({"label": "end", "device_type": "cuda", "seq": b.n_events, "segments": baseline_segments(dev),
+        b.baseline({"label": "end", "device_type": "cuda", "seq": b.n_events, "segments": [seg.to_baseline() for seg in segments(dev)],
                     "config": b.baselines[0]["config"], "devices": b.baselines[0]["devices"]})
     b.write(path)
     return {"events": b.n_events, "steps": steps, "per_step": per_step, "device": device}

@@ -6,7 +6,7 @@ memory-fraction changes.
 It follows the native allocator's algorithm (../shared/torch_internals.md §3;
 c10/cuda/CUDACachingAllocator.cpp) decision for decision:
 
-- round_size: 512 B steps, or roundup_power2_divisions steps;
+- round_size and allocation_size (sizes.py);
 - pools: small (<= 1 MiB) and large, free blocks ordered by (stream, size,
   address) so a block is only reused on its own stream, best fit first; from
   torch 2.12 on, (stream, size, segment creation order, address) (torch 2.14's
@@ -17,9 +17,7 @@ c10/cuda/CUDACachingAllocator.cpp) decision for decision:
 - garbage_collection_threshold (with a memory fraction only), then
   release_available_cached_blocks (with max_split_size only), then
   release-and-retry of every unsplit cached block before giving up;
-- expandable segments: one virtual range per stream and pool, mapped in
-  pages (2 MiB small, large_segment_size large) at the lowest address that
-  fits, unmapped page by page on release;
+- expandable segments (expandable.py);
 - a block freed after use on another stream stays unusable until its
   recorded FREE_COMPLETED (or until a release synchronizes every stream).
 
@@ -31,19 +29,15 @@ pools with their own allocator.
 from __future__ import annotations
 
 import bisect
-import dataclasses
-from typing import Callable
+import re
 
-from .allocator_config import SIZE_MAX, AllocatorConfig, MiB
+from .blocks import (SEGMENT_ALLOC, SEGMENT_FREE, AddressSource, Block, BumpAddresses, Pool, Segment, SegmentEvent,
+                     SegmentListener)
+from .config import AllocatorConfig
+from .expandable import ExpandableSegments
+from .sizes import MIN_BLOCK, SIZE_MAX, SMALL_SIZE, allocation_size, round_size
 
-__all__ = ["Block", "BumpAddresses", "DeviceAllocator", "Segment", "SegmentEvent", "allocation_size",
-           "free_block_order", "round_size"]
-
-MIN_BLOCK = 512
-SMALL_SIZE = MiB
-SMALL_BUFFER = 2 * MiB
-MIN_LARGE_ALLOC = 10 * MiB
-ROUND_LARGE = 2 * MiB
+__all__ = ["DeviceAllocator", "free_block_order"]
 
 # Free blocks of a pool and stream are kept as one sorted list of int keys:
 # size << 64 | address, the order of torch's BlockComparatorSize, or, where
@@ -52,137 +46,35 @@ ROUND_LARGE = 2 * MiB
 _SHIFT = 64
 _MASK = (1 << _SHIFT) - 1
 
-SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP = "segment_alloc", "segment_free", "segment_map", "segment_unmap"
-
-
-@dataclasses.dataclass(frozen=True)
-class SegmentEvent:
-    """What the allocator did to device memory (the trace's SEGMENT_* entries)."""
-
-    kind: str
-    addr: int
-    size: int
-    stream: int
-    request: int  # index of the replayed request (capture event) that caused it
-
 
 def free_block_order(torch_version: str | None) -> bool:
     """Whether the torch that recorded a capture orders free blocks of equal
     size by segment creation before address: 2.11 does not, 2.14 does (read
     from their libc10_cuda.so); 2.12 and 2.13 are assumed to do as 2.14.
     Unknown versions: as 2.11."""
-    import re
-
     m = re.match(r"(\d+)\.(\d+)", torch_version or "")
     return bool(m) and (int(m.group(1)), int(m.group(2))) >= (2, 12)
 
 
-def _next_division(size: int, divisions: int) -> int:
-    if size <= 4 or divisions <= 1 or size & (size - 1) == 0:
-        return size
-    floor2 = 1 << (size.bit_length() - 1)
-    step = floor2 >> (divisions.bit_length() - 1)
-    if step == 0:
-        return floor2 << 1
-    low = size & ~(step - 1)
-    return size if low == size else low + step
-
-
-def round_size(size: int, divisions: tuple[int, ...]) -> int:
-    """The block size a request of `size` bytes is rounded to."""
-    if size < MIN_BLOCK:
-        return MIN_BLOCK
-    d = divisions[min(max(size.bit_length() - 21, 0), len(divisions) - 1)] if divisions else 0
-    if d > 1 and size > MIN_BLOCK * d:
-        return _next_division(size, d)
-    return (size + MIN_BLOCK - 1) // MIN_BLOCK * MIN_BLOCK
-
-
-def allocation_size(size: int, large_segment_size: int) -> int:
-    """The size of the segment cudaMalloc'd for a rounded request of `size` bytes."""
-    if size <= SMALL_SIZE:
-        return SMALL_BUFFER
-    if size < MIN_LARGE_ALLOC:
-        return large_segment_size
-    return (size + ROUND_LARGE - 1) // ROUND_LARGE * ROUND_LARGE
-
-
-class Segment:
-    """A cudaMalloc'd segment, or an expandable segment's virtual range."""
-
-    __slots__ = ("addr", "size", "stream", "small", "expandable", "page", "pages", "pool_id", "order")
-
-    def __init__(self, addr: int, size: int, stream: int, small: bool, expandable: bool = False, page: int = 0,
-                 pool_id: tuple[int, int] = (0, 0), order: int = 0):
-        self.addr, self.size, self.stream, self.small = addr, size, stream, small
-        self.expandable, self.page = expandable, page
-        self.pages: list[bool] = []  # expandable: which pages are mapped
-        self.pool_id = pool_id
-        self.order = order  # creation order (torch's registration counter); every block of it shares it
-
-
-class Block:
-    """A piece of a segment: allocated, pending (freed, awaiting another
-    stream), free (in its pool), or unmapped (expandable address space)."""
-
-    __slots__ = ("addr", "size", "stream", "pool", "seg", "prev", "next", "allocated", "pending", "requested",
-                 "mapped", "gc_base", "tag")
-
-    def __init__(self, addr: int, size: int, stream: int, pool: "_Pool", seg: Segment, mapped: bool = True):
-        self.addr, self.size, self.stream, self.pool, self.seg = addr, size, stream, pool, seg
-        self.prev: Block | None = None
-        self.next: Block | None = None
-        self.allocated = False
-        self.pending = False
-        self.requested = 0
-        self.mapped = mapped
-        self.gc_base = 0
-        self.tag = -1  # the capture event that allocated it
-
-    @property
-    def is_split(self) -> bool:
-        return self.prev is not None or self.next is not None
-
-    @property
-    def state(self) -> str:
-        if self.allocated:
-            return "allocated"
-        return "pending_free" if self.pending else "inactive"
-
-
-class _Pool:
-    __slots__ = ("small", "private", "free", "unmapped", "calls")
-
-    def __init__(self, small: bool, private: bool = False):
-        self.small = small
-        self.private = private
-        self.free: dict[int, list[int]] = {}  # stream -> sorted keys of free mapped blocks
-        self.unmapped: dict[int, list[int]] = {}  # stream -> sorted addresses of unmapped blocks
-        self.calls = 0  # get_free_blocks_call_count (garbage collection ages)
-
-
-# Where new segments go: (kind, size) -> address. The replay asks the
-# recording first so that a faithful replay lands on the recorded addresses.
-AddressSource = Callable[[str, int], int]
-
-
-class DeviceAllocator:
+class DeviceAllocator(ExpandableSegments):
     """One device's caching allocator. Replay drives it; its state is
     readable at any point (allocator_state.segments(), the counters)."""
 
     def __init__(self, config: AllocatorConfig, *, device: int = 0, total: int = 0, capacity: int | None = None,
-                 addresses: AddressSource | None = None, segment_order: bool = False):
+                 addresses: AddressSource | None = None, segment_order: bool = False,
+                 on_segment_event: SegmentListener | None = None):
         """segment_order: free blocks of equal size are taken in segment
         creation order before address order (torch >= 2.12, see
-        free_block_order)."""
+        free_block_order). on_segment_event: called with each segment event
+        as it happens (the replay checks them against the recording)."""
         self.config = config
         self.device = device
         self.total = total  # the device's memory (cudaMemGetInfo total)
         self.capacity = capacity  # bytes cudaMalloc can give this allocator (None: unlimited)
         self.allowed: int | None = None  # set_per_process_memory_fraction's limit
         self._addresses = addresses or BumpAddresses(1 << 40)
-        self.small, self.large = _Pool(True), _Pool(False)
-        self.private: dict[tuple[int, int], tuple[_Pool, _Pool]] = {}
+        self.small, self.large = Pool(True), Pool(False)
+        self.private: dict[tuple[int, int], tuple[Pool, Pool]] = {}
         self.blocks: dict[int, Block] = {}  # mapped blocks by address
         self.unmapped: dict[int, Block] = {}
         self.pending: list[Block] = []
@@ -197,6 +89,7 @@ class DeviceAllocator:
         self.segment_order = segment_order
         self._size_shift = 2 * _SHIFT if segment_order else _SHIFT
         self.segments_created = 0
+        self._on_segment_event = on_segment_event
 
     # ---- settings
 
@@ -279,7 +172,8 @@ class DeviceAllocator:
             return block.size << 2 * _SHIFT | block.seg.order << _SHIFT | block.addr
         return block.size << _SHIFT | block.addr
 
-    def _insert_free(self, block: Block) -> None:
+    def insert_free(self, block: Block) -> None:
+        """Puts a free block in its pool's free list (also for loading a state)."""
         block.gc_base = block.pool.calls
         lst = block.pool.free.get(block.stream)
         if lst is None:
@@ -293,7 +187,8 @@ class DeviceAllocator:
         assert lst[i] == key, "free list out of sync"
         del lst[i]
 
-    def _insert_unmapped(self, block: Block) -> None:
+    def insert_unmapped(self, block: Block) -> None:
+        """Records an unmapped range of an expandable segment (also for loading a state)."""
         self.unmapped[block.addr] = block
         bisect.insort(block.pool.unmapped.setdefault(block.stream, []), block.addr)
 
@@ -307,7 +202,7 @@ class DeviceAllocator:
         nxt = b.next
         return b.size + (nxt.size if nxt is not None and not nxt.mapped else 0)
 
-    def _get_free_block(self, pool: _Pool, stream: int, size: int) -> Block | None:
+    def _get_free_block(self, pool: Pool, stream: int, size: int) -> Block | None:
         if self._gc_active:
             pool.calls += 1
         lst = pool.free.get(stream)
@@ -356,7 +251,7 @@ class DeviceAllocator:
             rest.size -= size
             self.blocks[block.addr] = block
             self.blocks[rest.addr] = rest
-            self._insert_free(rest)
+            self.insert_free(rest)
         block.allocated = True
         block.requested = orig_size
         block.tag = self.request
@@ -379,7 +274,7 @@ class DeviceAllocator:
         if block.addr != old:
             del self.blocks[old]
         self.blocks[block.addr] = block
-        self._insert_free(block)
+        self.insert_free(block)
 
     def _merge(self, dst: Block, src: Block | None) -> int:
         """torch's try_merge_blocks: dst absorbs a free neighbour src."""
@@ -403,7 +298,10 @@ class DeviceAllocator:
         return src.size
 
     def _emit(self, kind: str, addr: int, size: int, stream: int) -> None:
-        self.events.append(SegmentEvent(kind, addr, size, stream, self.request))
+        event = SegmentEvent(kind, addr, size, stream, self.request)
+        self.events.append(event)
+        if self._on_segment_event is not None:
+            self._on_segment_event(event)
 
     def _fits(self, size: int) -> bool:
         return self.capacity is None or self.reserved + size <= self.capacity
@@ -414,7 +312,7 @@ class DeviceAllocator:
         if self.reserved > self.peak_reserved:
             self.peak_reserved = self.reserved
 
-    def _alloc_block(self, pool: _Pool, stream: int, size: int, alloc_size: int, retry: bool) -> Block | None:
+    def _alloc_block(self, pool: Pool, stream: int, size: int, alloc_size: int, retry: bool) -> Block | None:
         if retry:
             self.num_alloc_retries += 1
         if self.allowed is not None and self.reserved + alloc_size > self.allowed:
@@ -438,7 +336,7 @@ class DeviceAllocator:
         self._remove_free(block)
         del self.blocks[block.addr]
 
-    def _release_available_cached_blocks(self, pool: _Pool, stream: int, size: int) -> bool:
+    def _release_available_cached_blocks(self, pool: Pool, stream: int, size: int) -> bool:
         max_split = self.config.max_split_size
         if max_split == SIZE_MAX:
             return False
@@ -472,11 +370,11 @@ class DeviceAllocator:
         self._release_blocks(self.large)
         self._release_blocks(self.small)
 
-    def _free_in_order(self, pool: _Pool) -> list[Block]:
+    def _free_in_order(self, pool: Pool) -> list[Block]:
         """The pool's free blocks in torch's set order: (stream, size, [segment order,] address)."""
         return [self.blocks[k & _MASK] for s in sorted(pool.free) for k in pool.free[s]]
 
-    def _release_blocks(self, pool: _Pool) -> None:
+    def _release_blocks(self, pool: Pool) -> None:
         to_unmap = []
         for b in self._free_in_order(pool):
             if b.seg.expandable:
@@ -517,120 +415,6 @@ class DeviceAllocator:
                     count -= 1
                     self._release_block(b)
 
-    # ---- expandable segments
-
-    def _alloc_expandable(self, pool: _Pool, stream: int, size: int) -> Block | None:
-        c = self._find_expandable_block(pool, stream, size)
-        if not c.mapped and not self._map_block(c, min(c.size, size)):
-            return None
-        while c.size < size:
-            nxt = c.next
-            assert nxt is not None
-            if not self._map_block(nxt, min(size - c.size, nxt.size)):
-                return None
-            c = nxt  # it absorbed c
-        self._remove_free(c)
-        return c
-
-    @staticmethod
-    def _allocatable(b: Block | None) -> bool:
-        return b is not None and not b.allocated and not b.pending
-
-    def _find_expandable_block(self, pool: _Pool, stream: int, size: int) -> Block:
-        def room(b: Block | None) -> bool:
-            total = 0
-            while total < size and self._allocatable(b):
-                assert b is not None
-                total += b.size
-                b = b.next
-            return total >= size
-
-        for addr in list(pool.unmapped.get(stream, ())):
-            c = self.unmapped[addr]
-            if self._allocatable(c.prev):
-                c = c.prev  # a free mapped block right before it counts too
-            if room(c):
-                return c
-        page = SMALL_BUFFER if pool.small else self.config.large_segment_size
-        total = self.total or (1 << 40)
-        pages = -(-(total + total // 8) // page)
-        addr = self._addresses(SEGMENT_MAP, pages * page)
-        seg = self.new_segment(addr, pages * page, stream, pool.small, True, page)
-        c = Block(addr, pages * page, stream, pool, seg, mapped=False)
-        self._insert_unmapped(c)
-        return c
-
-    def _map_block(self, block: Block, size: int) -> bool:
-        seg = block.seg
-        page = seg.page
-        begin = (block.addr - seg.addr) // page
-        end = -(-(block.addr + size - seg.addr) // page)
-        mapped = (end - begin) * page
-        if mapped == 0 or not self._fits(mapped):
-            return False  # cuMemCreate fails
-        if len(seg.pages) < end:
-            seg.pages.extend([False] * (end - len(seg.pages)))
-        for i in range(begin, end):
-            seg.pages[i] = True
-        self._remove_unmapped(block)
-        block.mapped = True
-        if mapped < block.size:
-            rest = Block(block.addr + mapped, block.size - mapped, block.stream, block.pool, seg, mapped=False)
-            rest.prev, rest.next = block, block.next
-            if block.next is not None:
-                block.next.prev = rest
-            block.next = rest
-            self._insert_unmapped(rest)
-            block.size = mapped
-        start = block.addr
-        self._merge(block, block.prev)
-        self._merge(block, block.next)
-        self.blocks[block.addr] = block
-        self._insert_free(block)
-        self._grow(mapped)
-        self._emit(SEGMENT_MAP, start, mapped, block.stream)
-        return True
-
-    def _unmap_block(self, block: Block) -> None:
-        seg = block.seg
-        page = seg.page
-        begin = -(-(block.addr - seg.addr) // page)
-        end = (block.addr + block.size - seg.addr) // page
-        if begin >= end:
-            return
-        for i in range(begin, end):
-            seg.pages[i] = False
-        while seg.pages and not seg.pages[-1]:
-            seg.pages.pop()
-        self._remove_free(block)
-        del self.blocks[block.addr]
-        u_addr, u_size = seg.addr + begin * page, (end - begin) * page
-        before = u_addr - block.addr
-        if before > 0:
-            bf = Block(block.addr, before, block.stream, block.pool, seg)
-            bf.prev, bf.next = block.prev, block
-            if block.prev is not None:
-                block.prev.next = bf
-            block.prev = bf
-            self.blocks[bf.addr] = bf
-            self._insert_free(bf)
-        after = block.size - before - u_size
-        if after > 0:
-            af = Block(u_addr + u_size, after, block.stream, block.pool, seg)
-            af.prev, af.next = block, block.next
-            if block.next is not None:
-                block.next.prev = af
-            block.next = af
-            self.blocks[af.addr] = af
-            self._insert_free(af)
-        block.addr, block.size, block.mapped = u_addr, u_size, False
-        self._merge(block, block.prev)
-        self._merge(block, block.next)
-        self._insert_unmapped(block)
-        self.reserved -= u_size
-        self.num_device_free += 1
-        self._emit(SEGMENT_UNMAP, u_addr, u_size, block.stream)
-
     # ---- state
 
     def largest_free(self) -> int:
@@ -646,13 +430,3 @@ class DeviceAllocator:
         return [b for b in self.blocks.values() if not b.allocated and not b.pending]
 
 
-class BumpAddresses:
-    """Fresh, non-overlapping addresses for segments no recording placed."""
-
-    def __init__(self, start: int):
-        self.next = start
-
-    def __call__(self, kind: str, size: int) -> int:
-        addr = self.next
-        self.next += (size + ROUND_LARGE - 1) // ROUND_LARGE * ROUND_LARGE + ROUND_LARGE
-        return addr

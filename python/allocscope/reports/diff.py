@@ -1,7 +1,8 @@
 """What changed between two captures (two batch sizes, two commits, two
 allocator settings): the peaks, each category's own peak, and the bytes
 live at each capture's peak by category, by module and by source line,
-matched by name.
+matched by name (diff; schema SCHEMA, docs/report.md), and as text
+(render; the HTML page is html/diff.py).
 
 Both sides are explained at their own peak of allocated memory, which is
 what "how much more memory does B need" means."""
@@ -12,14 +13,20 @@ from typing import Any
 
 import numpy as np
 
+from .._units import format_bytes
+from ..attribution.categories import CATEGORIES
+from ..attribution.timeline import live_series
 from ..reader import Capture
-from .attribution import CATEGORIES
-from .memory import _live_series
 from .report import Analysis, analyse, build_report
+from .text import table
 
-__all__ = ["SCHEMA", "category_peaks", "diff", "diff_reports"]
+__all__ = ["SCHEMA", "SECTIONS", "category_peaks", "diff", "diff_reports", "ratio_text", "render"]
 
 SCHEMA = "allocscope.diff/1"
+# The tables of a diff, in order: (title, key in the document).
+SECTIONS = (("Peaks", "peaks"), ("Each category's own peak", "category_peaks"),
+            ("By category, at each peak", "categories"), ("By module, at each peak", "modules"),
+            ("By source line, live at each peak", "sites"), ("Estimate -> measured items", "gap"))
 
 
 def _row(name: str, a: int | None, b: int | None) -> dict[str, Any]:
@@ -49,13 +56,13 @@ def category_peaks(an: Analysis) -> dict[str, int]:
     for i, c in enumerate(CATEGORIES):
         rows = np.flatnonzero(att.category == i)
         if len(rows):
-            out[c] = int(_live_series(att, att.size, rows).max())
+            out[c] = int(live_series(att, att.size, rows).max())
     return out
 
 
 def diff_reports(a: dict[str, Any], b: dict[str, Any], peaks_a: dict[str, int] | None = None,
                  peaks_b: dict[str, int] | None = None) -> dict[str, Any]:
-    """The diff of two reports (analysis.report.build_report) and, when
+    """The diff of two reports (reports.report.build_report) and, when
     given, of their categories' own peaks (category_peaks)."""
     sa, sb = _side(a), _side(b)
     peaks = [_row(k, sa[k], sb[k]) for k in ("peak_allocated", "peak_requested", "peak_reserved", "estimate")
@@ -76,6 +83,32 @@ def diff_reports(a: dict[str, Any], b: dict[str, Any], peaks_a: dict[str, int] |
 
 
 def diff(a: Capture, b: Capture, *, top: int = 1000) -> dict[str, Any]:
+    """The diff document of two captures (what `allocscope diff --json` prints)."""
     an_a, an_b = analyse(a), analyse(b)
     return diff_reports(build_report(a, top=top, analysis=an_a), build_report(b, top=top, analysis=an_b),
                         category_peaks(an_a), category_peaks(an_b))
+
+
+def ratio_text(r: dict[str, Any]) -> str:
+    """A row's B / A as text ('new' where A had none)."""
+    if r["ratio"] is None:
+        return "new" if r["b"] else ""
+    return f"x{r['ratio']:.2f}"
+
+
+def _text_rows(rows: list[dict[str, Any]], top: int) -> list[tuple[str, ...]]:
+    return [(format_bytes(r["a"]), format_bytes(r["b"]), ("+" if r["delta"] > 0 else "") + format_bytes(r["delta"]),
+             ratio_text(r), r["name"]) for r in rows[:top]]
+
+
+def render(d: dict[str, Any], top: int) -> str:
+    """The diff as text, `top` rows per table."""
+    lines = [f"A: {d['a']['path']} ({d['a']['events']} events)", f"B: {d['b']['path']} ({d['b']['events']} events)"]
+    for title, key in SECTIONS:
+        lines += ["", title + ":"]
+        rows = _text_rows(d[key], top)
+        lines += table([("A", "B", "B - A", "B / A", "")] + rows, {0, 1, 2, 3}) if rows else ["  (none)"]
+        if len(d[key]) > top:
+            lines.append(f"  ... {len(d[key]) - top} more (--json for all)")
+    lines += [f"warning: {w}" for w in d["warnings"]]
+    return "\n".join(lines)

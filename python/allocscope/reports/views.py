@@ -14,35 +14,20 @@ from typing import Any
 import numpy as np
 
 from .._format import EventKind
+from ..allocator.segments import SegmentInfo, outside_allocator
+from ..attribution.categories import CATEGORIES, Attribution
+from ..attribution.timeline import PERSISTENT, Timeline, bucket_peaks, iterations, live_series, relative_time, site_names
 from ..reader import Capture
-from .attribution import CATEGORIES, Attribution
-from .baseline import outside_allocator
-from .fragmentation import block_rows
-from .memory import _PERSISTENT, Timeline, _live_series, _relative_time, _site_names, iterations
+from .allocator import block_rows
 
-__all__ = ["bucket_peaks", "leaks", "marks", "module_tree", "segments_view", "stack_tree", "timeline_view"]
+__all__ = ["leaks", "marks", "module_tree", "segments_view", "stack_tree", "timeline_view"]
 
 _OTHER_MODULES = "(other modules)"
 _NO_MODULE = "<no module>"
 
 
-def bucket_peaks(series: np.ndarray, points: int) -> np.ndarray:
-    """Positions (indices into series) of the maximum of each of `points`
-    equal slices: a downsampling that keeps every slice's peak."""
-    n = len(series)
-    if n <= points:
-        return np.arange(n, dtype=np.int64)
-    edges = np.linspace(0, n, points + 1).astype(np.int64)
-    width = int(np.max(np.diff(edges)))
-    # Pad each slice to the widest and take argmax row by row (vectorised).
-    idx = edges[:-1, None] + np.arange(width)[None, :]
-    valid = idx < edges[1:, None]
-    vals = np.where(valid, series[np.minimum(idx, n - 1)], np.iinfo(np.int64).min)
-    return edges[:-1] + np.argmax(vals, axis=1)
-
-
 def _series_at(att: Attribution, rows: np.ndarray, picks: np.ndarray) -> list[int]:
-    return _live_series(att, att.size, rows)[picks].tolist()
+    return live_series(att, att.size, rows)[picks].tolist()
 
 
 def timeline_view(att: Attribution, tl: Timeline, *, points: int = 2000, modules: int = 8) -> dict[str, Any]:
@@ -86,7 +71,7 @@ def _module_series(att: Attribution, picks: np.ndarray, keep: int) -> dict[str, 
     series = {}
     for m in mods.tolist():
         rows = np.flatnonzero(att.module == m)
-        s = _live_series(att, att.size, rows)[picks]
+        s = live_series(att, att.size, rows)[picks]
         series[m] = s
         peaks.append((int(s.max()) if len(s) else 0, m))
     peaks.sort(reverse=True)
@@ -107,7 +92,7 @@ def marks(cap: Capture, att: Attribution, *, limit: int = 300) -> list[dict[str,
     idx = np.flatnonzero(cap.events.kind == EventKind.MARK)
     if len(idx) > limit:
         idx = idx[np.linspace(0, len(idx) - 1, limit).astype(np.int64)]
-    return [{"event": int(e), "time_ns": _relative_time(att, int(e)), "label": cap.label(int(e))} for e in idx.tolist()]
+    return [{"event": int(e), "time_ns": relative_time(cap, int(e)), "label": cap.label(int(e))} for e in idx.tolist()]
 
 
 # ---- trees of live memory at one moment
@@ -191,22 +176,21 @@ def module_tree(att: Attribution, e: int, *, min_fraction: float = 0.001) -> dic
 # ---- the allocator's segments
 
 
-def segments_view(state: list[dict[str, Any]], att: Attribution | None, *, limit: int = 400) -> dict[str, Any]:
-    """The allocator's segments at one moment (allocator_state.segments()
-    lists), largest first, each block as [offset, size, requested, state,
-    category id (-1: free or unknown)]; at most `limit` segments."""
+def segments_view(state: list[SegmentInfo], att: Attribution | None, *, limit: int = 400) -> dict[str, Any]:
+    """The allocator's segments at one moment (allocator.state.segments()),
+    largest first, each block as [offset, size, requested, state, category
+    id (-1: free or unknown)]; at most `limit` segments."""
     rows = block_rows(state, att)
-    ordered = sorted(state, key=lambda s: (-s["total_size"], s["address"]))
+    ordered = sorted(state, key=lambda s: (-s.total_size, s.address))
     out = []
     for s in ordered[:limit]:
         blocks = []
-        for addr, size, req, st, _tag in s["blocks"]:
-            row = rows.get(addr) if st != "inactive" else None
+        for b in s.blocks:
+            row = rows.get(b.address) if b.active else None
             cat = int(att.category[row]) if att is not None and row is not None else -1
-            blocks.append([addr - s["address"], size, req, st, cat])
-        out.append({"address": s["address"], "size": s["total_size"], "stream": s["stream"],
-                    "pool": "large" if s["is_large"] else "small", "expandable": s["is_expandable"],
-                    "blocks": blocks})
+            blocks.append([b.address - s.address, b.size, b.requested, b.state, cat])
+        out.append({"address": s.address, "size": s.total_size, "stream": s.stream, "pool": s.pool_kind,
+                    "expandable": s.is_expandable, "blocks": blocks})
     return {"segments": out, "omitted": max(0, len(state) - limit), "categories": list(CATEGORIES)}
 
 
@@ -215,18 +199,18 @@ def segments_view(state: list[dict[str, Any]], att: Attribution | None, *, limit
 
 def leaks(att: Attribution, tl: Timeline, *, top: int = 50) -> list[dict[str, Any]]:
     """Memory allocated in an iteration followed by another complete one and
-    never freed (the rule of memory.iterations()), grouped by category,
+    never freed (the rule of attribution.timeline.iterations()), grouped by category,
     module and the user's line, largest first."""
     its = iterations(att, tl)
     if len(its) < 3:
         return []
     first, last = its[0]["first_event"], its[-2]["first_event"]  # the last complete iteration's start
     n = att.n_events
-    persistent = np.isin(att.category, [CATEGORIES.index(c) for c in _PERSISTENT])
+    persistent = np.isin(att.category, [CATEGORIES.index(c) for c in PERSISTENT])
     rows = np.flatnonzero((att.start >= first) & (att.start < last) & (att.end >= n) & ~persistent)
     if not len(rows):
         return []
-    names = _site_names(att, rows)
+    names = site_names(att, rows)
     groups: dict[tuple[str, str, str], list[int]] = {}
     for r in rows.tolist():
         g = groups.setdefault((CATEGORIES[att.category[r]], att.name(int(att.module[r])),

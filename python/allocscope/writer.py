@@ -1,8 +1,9 @@
-"""Writing capture files from Python: by hand, for tests of the reader and of
-every analysis on event streams whose right answers are known; in bulk, for
-imports (interop/) and large synthetic captures (benchmarks/).
+"""Writing capture files from Python (the native recorder writes them from
+C++, csrc/writer.cpp; both follow docs/format.md): for imports (interop/),
+for tests of the reader and of every analysis on event streams whose right
+answers are known, and for large synthetic captures (tests/support/).
 
-    b = CaptureBuilder()
+    b = CaptureWriter()
     s = b.stack([("train.py", "step", 12)])
     b.alloc(0x1000, 4096, stack=s)
     b.free(0x1000)
@@ -19,8 +20,10 @@ import numpy as np
 
 from . import _format as F
 
+__all__ = ["CaptureWriter"]
 
-class CaptureBuilder:
+
+class CaptureWriter:
     """Accumulates tables and events, then encodes a complete capture."""
 
     def __init__(self, metadata: dict[str, Any] | None = None, *, device: int = -1):
@@ -42,6 +45,14 @@ class CaptureBuilder:
         self.default_stream = F.CPU_STREAM if device < 0 else self.stream(device, 0)
 
     # ---- tables
+
+    def set_strings(self, strings: list[str]) -> None:
+        """Sets the string table as it is (ids kept: events that refer to
+        strings by id need no rewriting)."""
+        self.strings = list(strings)
+        self._string_ids = {}
+        for j, text in enumerate(self.strings):
+            self._string_ids.setdefault(text, j)
 
     def string(self, s: str) -> int:
         if s not in self._string_ids:

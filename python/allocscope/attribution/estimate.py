@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 
 from .._format import EventKind
-from .attribution import Attribution
-from .baseline import outside_allocator
-from .memory import Moment, Timeline
+from ..allocator.segments import outside_allocator
+from .categories import Attribution
+from .timeline import Moment, Timeline
 
 __all__ = ["ConservationError", "theory", "waterfall"]
 

@@ -1,0 +1,469 @@
+"""Replaying a CUDA capture through the caching-allocator model.
+
+With the recorded settings (config=None) the replay reconstructs the
+allocator's state at any event and checks itself against the recording: every
+SEGMENT_ALLOC/FREE/MAP/UNMAP it makes must be the recorded one (kind, address,
+size, in order), every block it hands out must be at the recorded address, and
+its final state must equal the end baseline's snapshot. With other settings
+(or a smaller card) it predicts what the same requests would have done.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Iterable
+
+import numpy as np
+
+from .._format import EventKind
+from ..reader import Capture
+from .blocks import SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP, Block, BumpAddresses, SegmentEvent
+from .config import AllocatorConfig, recorded_config
+from .model import DeviceAllocator, free_block_order
+from .segments import SegmentInfo, baseline_reserved, baseline_segments, pending_blocks
+from .sizes import round_size
+from .state import compare_snapshot, load_segments, segments
+
+__all__ = ["Fidelity", "NotACudaCapture", "OomRecord", "Replay", "deferred_frees", "recorded_reserved", "replay",
+           "request_at"]
+
+_KIND_NAMES = {int(EventKind.SEGMENT_ALLOC): SEGMENT_ALLOC, int(EventKind.SEGMENT_FREE): SEGMENT_FREE,
+               int(EventKind.SEGMENT_MAP): SEGMENT_MAP, int(EventKind.SEGMENT_UNMAP): SEGMENT_UNMAP}
+
+
+class NotACudaCapture(ValueError):
+    """The capture recorded no CUDA allocator (a CPU recording)."""
+
+
+@dataclasses.dataclass
+class OomRecord:
+    """An allocation the (simulated) allocator could not serve."""
+
+    event: int  # capture event index of the request
+    device: int
+    size: int  # requested bytes
+    rounded: int
+    stream: int
+    recorded: bool  # the recording failed here too
+    reserved: int  # after release-and-retry, as torch reports it
+    allocated: int
+    active: int
+    capacity: int | None
+    allowed: int | None
+    segments: list[SegmentInfo]  # the allocator's state when it failed
+
+    def to_json(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d.pop("segments")
+        return d
+
+
+@dataclasses.dataclass
+class Fidelity:
+    """How closely a replay with the recorded settings followed the recording."""
+
+    recorded_segment_events: int
+    simulated_segment_events: int
+    matched: int  # leading segment events that agree in kind, address and size
+    first_mismatch: dict[str, Any] | None
+    allocations: int
+    address_mismatches: int  # blocks handed out at another address than recorded
+    end_snapshot: dict[str, Any] | None  # compare_snapshot() with the end baseline (None: not compared)
+    checked_until: int = -1  # the last event replayed (replay(stop_after=...) stops early)
+
+    @property
+    def exact(self) -> bool:
+        snap_ok = self.end_snapshot is None or self.end_snapshot["equal"]
+        return (self.first_mismatch is None and self.matched == self.recorded_segment_events
+                and self.address_mismatches == 0 and snap_ok)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self) | {"exact": self.exact}
+
+
+@dataclasses.dataclass
+class Replay:
+    config: AllocatorConfig
+    faithful: bool  # replayed with the settings the capture was recorded with
+    limit: int | None
+    devices: dict[int, DeviceAllocator]
+    # After each event (index e + 1; 0 is the start), summed over devices:
+    reserved: np.ndarray
+    allocated: np.ndarray  # bytes of allocated blocks (rounded)
+    active: np.ndarray  # allocated + freed blocks still awaiting another stream
+    largest_free: np.ndarray  # largest cached free block
+    ooms: list[OomRecord]
+    avoided_ooms: list[int]  # recorded OOM requests the model could serve
+    states: dict[int, list[SegmentInfo]]  # the allocator's state after the events asked for
+    fidelity: Fidelity | None
+    warnings: list[str]
+    replayed_until: int = -1  # the last event replayed; the timelines carry its state on
+
+    @property
+    def peak_reserved(self) -> int:
+        return int(self.reserved.max()) if len(self.reserved) else 0
+
+    def peak_event(self, which: str = "reserved") -> int:
+        return int(np.argmax(getattr(self, which))) - 1
+
+    @property
+    def cached_free(self) -> np.ndarray:
+        return self.reserved - self.active
+
+    def stats(self) -> dict[str, int]:
+        keys = ("num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free", "num_gc_runs")
+        return {k: sum(getattr(d, k) for d in self.devices.values()) for k in keys}
+
+
+def _device_info(base: dict[str, Any] | None, metadata: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    info: dict[int, dict[str, Any]] = {}
+    for d in metadata.get("cuda_devices") or ():
+        info[int(d["index"])] = {"total": int(d.get("total_memory") or 0)}
+    for d in (base or {}).get("devices") or ():
+        entry = info.setdefault(int(d["index"]), {})
+        if "total" in d:
+            entry["total"] = int(d["total"])
+            entry["free"] = int(d["free"])
+        stats = d.get("stats") or {}
+        if "reserved_bytes" in stats:
+            entry["reserved"] = int(stats["reserved_bytes"]["current"])
+        if d.get("memory_fraction") is not None and float(d["memory_fraction"]) < 1.0:
+            entry["fraction"] = float(d["memory_fraction"])
+    return info
+
+
+def deferred_frees(cap: Capture) -> np.ndarray:
+    """Per event: a FREE whose block stayed busy until a later FREE_COMPLETED,
+    or until the end of the recording (the end baseline shows it pending)."""
+    ev = cap.events
+    pending_at_end = pending_blocks(cap.baseline("end"))
+    k = ev.kind
+    idx = np.flatnonzero((k == EventKind.ALLOC) | (k == EventKind.FREE) | (k == EventKind.FREE_COMPLETED))
+    order = idx[np.lexsort((ev.seq[idx], ev.addr[idx]))]
+    out = np.zeros(len(ev), bool)
+    if len(order) > 1:
+        a, kk = ev.addr[order], k[order]
+        hit = (kk[:-1] == EventKind.FREE) & (kk[1:] == EventKind.FREE_COMPLETED) & (a[:-1] == a[1:])
+        out[order[:-1][hit]] = True
+    if len(order) and pending_at_end:
+        # the last event at each address: a FREE of a block still pending at the end
+        last = np.append(ev.addr[order][1:] != ev.addr[order][:-1], True)
+        tail = order[last & (k[order] == EventKind.FREE)]
+        out[tail[np.isin(ev.addr[tail], np.fromiter(pending_at_end, np.uint64, len(pending_at_end)))]] = True
+    return out
+
+
+class _Checker:
+    """Compares a device's segment events with the recorded ones as they
+    happen, and tells the model the recorded address of each new segment."""
+
+    def __init__(self, recorded: list[tuple[int, str, int, int]], enabled: bool, synthetic: BumpAddresses):
+        self.recorded = recorded  # (event index, kind, addr, size)
+        self.enabled = enabled
+        self.j = 0
+        self.first_mismatch: dict[str, Any] | None = None
+        self.synthetic = synthetic
+
+    def address(self, kind: str, size: int) -> int:
+        if self.enabled and self.first_mismatch is None and self.j < len(self.recorded):
+            _, rkind, raddr, rsize = self.recorded[self.j]
+            if rkind == kind and (kind != SEGMENT_ALLOC or rsize == size):
+                return raddr
+        return self.synthetic(kind, size)
+
+    def check(self, e: SegmentEvent) -> None:
+        if not self.enabled or self.first_mismatch is not None:
+            return
+        if self.j < len(self.recorded):
+            ri, rkind, raddr, rsize = self.recorded[self.j]
+            if (rkind, raddr, rsize) == (e.kind, e.addr, e.size):
+                self.j += 1
+                return
+            rec = {"event": ri, "kind": rkind, "addr": raddr, "size": rsize}
+        else:
+            rec = None
+        self.first_mismatch = {"position": self.j, "recorded": rec,
+                               "simulated": {"event": e.request, "kind": e.kind, "addr": e.addr, "size": e.size}}
+
+
+def replay(cap: Capture, config: AllocatorConfig | None = None, *, limit: int | None = None,
+           states_at: Iterable[int] = (), stop_after: int | None = None) -> Replay:
+    """Replays the capture's requests. config None: the recorded settings
+    (with fidelity checks). limit: the total memory of a hypothetical device
+    (the memory outside PyTorch measured at the start still counts).
+    stop_after: replay only the events up to this index (the timelines hold
+    the last state after it; fidelity is checked that far and the end
+    snapshot is not compared; Replay.replayed_until says where it stopped)."""
+    if "cuda" not in (cap.metadata.get("devices_recorded") or ()):
+        raise NotACudaCapture(f"{cap.path} is not a CUDA recording: there is no caching allocator to replay")
+    return _Run(cap, config, limit).replay(sorted(set(int(t) for t in states_at)), stop_after)
+
+
+_ALLOC, _FREE, _DONE = int(EventKind.ALLOC), int(EventKind.FREE), int(EventKind.FREE_COMPLETED)
+_OOM, _EMPTY, _FRACTION = int(EventKind.OOM), int(EventKind.EMPTY_CACHE), int(EventKind.SET_FRACTION)
+_REQUESTS = (EventKind.ALLOC, EventKind.FREE, EventKind.FREE_COMPLETED, EventKind.OOM, EventKind.EMPTY_CACHE,
+             EventKind.SET_FRACTION)
+
+
+class _Run:
+    """One replay: the devices' allocators set from the start baseline, then
+    driven by the capture's requests (replay())."""
+
+    def __init__(self, cap: Capture, config: AllocatorConfig | None, limit: int | None):
+        self.cap, self.limit = cap, limit
+        ev = cap.events
+        base = cap.baseline("start")
+        recorded = recorded_config(base, cap.metadata)
+        self.cfg = config or recorded
+        self.faithful = self.cfg == recorded and limit is None
+        self.stream_dev = np.array([s.device for s in cap.streams] or [-2], np.int64)
+        self.stream_handle = [s.handle for s in cap.streams]
+        self.info = _device_info(base, cap.metadata)
+        self.segment_order = free_block_order(cap.metadata.get("torch"))
+        self.warnings: list[str] = []
+        self.seg_idx = np.flatnonzero((ev.kind >= EventKind.SEGMENT_ALLOC) & (ev.kind <= EventKind.SEGMENT_UNMAP))
+        self.recorded_segments: dict[int, list[tuple[int, str, int, int]]] = {}
+        for i, k, a, s, st in zip(self.seg_idx.tolist(), ev.kind[self.seg_idx].tolist(),
+                                  ev.addr[self.seg_idx].tolist(), ev.size[self.seg_idx].tolist(),
+                                  ev.stream[self.seg_idx].tolist(), strict=True):
+            self.recorded_segments.setdefault(int(self.stream_dev[st]), []).append((i, _KIND_NAMES[k], a, s))
+        start = baseline_segments(base)
+        # Segments no recording placed go far above every recorded address.
+        high = max([s.address + s.total_size for s in start]
+                   + [int(a) + int(s) for a, s in zip(ev.addr[self.seg_idx].tolist(), ev.size[self.seg_idx].tolist(),
+                                                      strict=True)] + [0])
+        max_total = max([v.get("total", 0) for v in self.info.values()] + [1 << 40])
+        self.synthetic = BumpAddresses(((high + 2 * max_total) >> 30) + 1 << 30)
+        self.devices: dict[int, DeviceAllocator] = {}
+        self.checkers: dict[int, _Checker] = {}
+        self.live: dict[int, tuple[DeviceAllocator, Block]] = {}
+        self.pending: dict[int, tuple[DeviceAllocator, Block]] = {}
+        self._load(start)
+        if limit is None:
+            self._bound_by_recorded_ooms()
+
+    def device(self, d: int) -> DeviceAllocator:
+        dev = self.devices.get(d)
+        if dev is not None:
+            return dev
+        meta = self.info.get(d, {})
+        total = int(meta.get("total", 0))
+        outside = total - int(meta.get("free", total)) - int(meta.get("reserved", 0))
+        capacity: int | None
+        if self.limit is not None:
+            capacity = self.limit - max(outside, 0)
+        elif "free" in meta:
+            capacity = int(meta["free"]) + int(meta.get("reserved", 0))
+        else:
+            capacity = None
+        checker = self.checkers[d] = _Checker(self.recorded_segments.get(d, []), self.faithful, self.synthetic)
+        dev = DeviceAllocator(self.cfg, device=d, total=self.limit if self.limit is not None else total,
+                              capacity=capacity, addresses=checker.address, segment_order=self.segment_order,
+                              on_segment_event=checker.check)
+        if "fraction" in meta:
+            dev.set_fraction(meta["fraction"])
+        if self.cfg.per_process_memory_fraction is not None and not self.faithful:
+            dev.set_fraction(self.cfg.per_process_memory_fraction)
+        self.devices[d] = dev
+        return dev
+
+    def _load(self, start: list[SegmentInfo]) -> None:
+        for s in start:
+            self.device(s.device)
+        for d, dev in self.devices.items():
+            loaded = load_segments(dev, [s for s in start if s.device == d])
+            for addr, b in loaded.items():
+                self.live[addr] = (dev, b)
+            for b in dev.pending:
+                self.pending[b.addr] = (dev, b)
+        for d in self.info:
+            self.device(d)
+
+    def _bound_by_recorded_ooms(self) -> None:
+        """A recorded OOM bounds the device: it had `free` bytes besides what
+        the allocator held. (The model's capacity is the smallest such bound.)"""
+        ev = self.cap.events
+        oom_idx = np.flatnonzero(ev.kind == EventKind.OOM)
+        if not len(oom_idx):
+            return
+        for d, dev in self.devices.items():
+            rec_reserved = recorded_reserved(self.cap, device=d)
+            for i in oom_idx[self.stream_dev[ev.stream[oom_idx]] == d].tolist():
+                free = int(ev.arg[i])
+                if free > 0:
+                    bound = free + int(rec_reserved[i + 1])
+                    dev.capacity = bound if dev.capacity is None else min(dev.capacity, bound)
+
+    def snapshot(self) -> list[SegmentInfo]:
+        return [s for d in sorted(self.devices) for s in segments(self.devices[d])]
+
+    def totals(self) -> tuple[int, int, int, int]:
+        if len(self.devices) == 1:
+            (dev,) = self.devices.values()
+            return dev.reserved, dev.allocated, dev.active, dev.largest_free()
+        r = a = c = lg = 0
+        for dev in self.devices.values():
+            r += dev.reserved
+            a += dev.allocated
+            c += dev.active
+            lg = max(lg, dev.largest_free())
+        return r, a, c, lg
+
+    def replay(self, targets: list[int], stop_after: int | None) -> Replay:
+        ev = self.cap.events
+        n = len(ev)
+        states: dict[int, list[SegmentInfo]] = {}
+        t_ptr = 0
+        while t_ptr < len(targets) and targets[t_ptr] < 0:
+            states[targets[t_ptr]] = self.snapshot()
+            t_ptr += 1
+        # The totals after each replayed event; carried over the others at the end.
+        after: list[tuple[int, int, int, int]] = [self.totals()]
+        replayed: list[int] = []
+        self.deferred = deferred_frees(self.cap)
+        self.ooms: list[OomRecord] = []
+        self.avoided: list[int] = []
+        self.allocs = self.address_mismatches = unknown_frees = 0
+        todo = np.flatnonzero(np.isin(ev.kind, _REQUESTS))
+        if stop_after is not None:
+            todo = todo[todo <= stop_after]
+        cols = zip(todo.tolist(), ev.kind[todo].tolist(), ev.addr[todo].tolist(), ev.size[todo].tolist(),
+                   ev.block[todo].tolist(), ev.stream[todo].tolist(), ev.arg[todo].tolist(), strict=True)
+        for i, k, addr, size, block, st, arg in cols:
+            while t_ptr < len(targets) and targets[t_ptr] < i:
+                states[targets[t_ptr]] = self.snapshot()
+                t_ptr += 1
+            if k == _ALLOC:
+                self._alloc(i, addr, size, st)
+            elif k == _FREE:
+                unknown_frees += not self._free(i, addr)
+            elif k == _DONE:
+                held = self.pending.pop(addr, None)
+                if held is not None:
+                    held[0].request = i
+                    held[0].complete(held[1])
+            elif k == _OOM:
+                self._oom(i, size or block, st)
+            elif k == _EMPTY:
+                if arg == 0:
+                    for dev in self.devices.values():
+                        dev.request = i
+                        dev.empty_cache()
+            elif k == _FRACTION:
+                d = int(self.stream_dev[st])
+                if d >= 0:
+                    self.device(d).set_fraction(arg / 1e9)
+            after.append(self.totals())
+            replayed.append(i)
+        # Position p (after event p - 1) takes the totals of the last replayed event before it.
+        which = np.zeros(n + 1, np.int64)
+        which[np.array(replayed, np.int64) + 1] = np.arange(1, len(replayed) + 1)
+        which = np.maximum.accumulate(which)
+        table = np.array(after, np.int64).reshape(-1, 4)
+        reserved, allocated, active, largest = (np.ascontiguousarray(table[which, j]) for j in range(4))
+        until = n - 1 if stop_after is None else min(n - 1, stop_after)
+        while t_ptr < len(targets) and targets[t_ptr] <= until:
+            states[targets[t_ptr]] = self.snapshot()
+            t_ptr += 1
+        if unknown_frees:
+            self.warnings.append(f"{unknown_frees} frees of memory the replay did not know (ignored)")
+        return Replay(self.cfg, self.faithful, self.limit, self.devices, reserved, allocated, active, largest,
+                      self.ooms, self.avoided, states, self._fidelity(until), self.warnings, until)
+
+    def _alloc(self, i: int, addr: int, size: int, st: int) -> None:
+        d = int(self.stream_dev[st])
+        if d < 0:
+            return
+        held = self.live.get(addr)
+        if held is not None and held[1].tag == -1 and held[1].allocated:
+            return  # the start snapshot already holds it (docs/format.md, BASELINE)
+        dev = self.device(d)
+        dev.request = i
+        dev.force = True
+        before = dev.num_ooms
+        b = dev.malloc(size, self.stream_handle[st])
+        dev.force = False
+        assert b is not None
+        if dev.num_ooms > before:
+            self.ooms.append(_oom_record(dev, i, size, self.stream_handle[st], False, self.ooms))
+        self.live[addr] = (dev, b)
+        self.allocs += 1
+        if self.faithful and b.addr != addr:
+            self.address_mismatches += 1
+
+    def _free(self, i: int, addr: int) -> bool:
+        """False: a free of memory the replay does not know."""
+        held = self.live.pop(addr, None)
+        if held is None:
+            return False
+        dev, b = held
+        dev.request = i
+        deferred = bool(self.deferred[i])
+        dev.free(b, deferred)
+        if deferred:
+            self.pending[addr] = held
+        return True
+
+    def _oom(self, i: int, want: int, st: int) -> None:
+        """A recorded OOM: the model tries the request again."""
+        d = int(self.stream_dev[st])
+        if d < 0:
+            return
+        dev = self.device(d)
+        dev.request = i
+        b = dev.malloc(want, self.stream_handle[st])
+        if b is None:
+            self.ooms.append(_oom_record(dev, i, want, self.stream_handle[st], True, self.ooms))
+        else:
+            self.avoided.append(i)
+            dev.free(b)
+
+    def _fidelity(self, until: int) -> Fidelity | None:
+        if not self.faithful:
+            return None
+        checkers = list(self.checkers.values())
+        mismatch = next((c.first_mismatch for c in checkers if c.first_mismatch is not None), None)
+        end = self.cap.baseline("end")
+        n = len(self.cap.events)
+        return Fidelity(
+            recorded_segment_events=int(np.count_nonzero(self.seg_idx <= until)),
+            simulated_segment_events=sum(len(dev.events) for dev in self.devices.values()),
+            matched=sum(c.j for c in checkers), first_mismatch=mismatch, allocations=self.allocs,
+            address_mismatches=self.address_mismatches,
+            end_snapshot=compare_snapshot(self.snapshot(), baseline_segments(end)) if end and until == n - 1 else None,
+            checked_until=until)
+
+
+def recorded_reserved(cap: Capture, device: int | None = None) -> np.ndarray:
+    """Bytes the caching allocator held after each event (index e + 1; 0 is
+    the start), from the start baseline and the recorded segment events."""
+    ev = cap.events
+    sign = np.zeros(len(ev), np.int64)
+    sign[(ev.kind == EventKind.SEGMENT_ALLOC) | (ev.kind == EventKind.SEGMENT_MAP)] = 1
+    sign[(ev.kind == EventKind.SEGMENT_FREE) | (ev.kind == EventKind.SEGMENT_UNMAP)] = -1
+    if device is not None:
+        stream_dev = np.array([s.device for s in cap.streams] or [-2], np.int64)
+        sign[stream_dev[ev.stream] != device] = 0
+    out = np.zeros(len(ev) + 1, np.int64)
+    out[0] = baseline_reserved(cap.baseline("start"), device)
+    out[1:] = out[0] + np.cumsum(sign * ev.size.astype(np.int64))
+    return out
+
+
+def request_at(cap: Capture, e: int) -> int:
+    """The event whose replay produced event e: a recorded segment event
+    belongs to the allocation (or OOM) after it; any other event to itself."""
+    ev = cap.events
+    if e < 0 or not (EventKind.SEGMENT_ALLOC <= int(ev.kind[e]) <= EventKind.SEGMENT_UNMAP):
+        return e
+    later = np.flatnonzero((ev.kind[e:] == EventKind.ALLOC) | (ev.kind[e:] == EventKind.OOM))
+    return e + int(later[0]) if len(later) else e
+
+
+def _oom_record(dev: DeviceAllocator, i: int, size: int, stream: int, recorded: bool,
+                earlier: list[OomRecord]) -> OomRecord:
+    # Keep the allocator's state for the first few failures only: a replay
+    # that runs out everywhere would otherwise hold a copy per request.
+    state = segments(dev) if len(earlier) < 3 else []
+    return OomRecord(i, dev.device, size, round_size(size, dev.config.roundup_power2_divisions), stream, recorded,
+                     dev.reserved, dev.allocated, dev.active, dev.capacity, dev.allowed, state)

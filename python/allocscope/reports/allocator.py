@@ -1,0 +1,152 @@
+"""The allocator's side of the report (docs/report.md, `allocator` and
+`oom`): the replayed state at the peak of reserved memory with its
+fragmentation, the post-mortem of an out-of-memory error, and the live
+blocks that pin fragmented segments, named by the attribution."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .._format import EventKind
+from ..allocator.fragmentation import figures, fragmented_segments, stranded
+from ..allocator.replay import Replay, replay
+from ..allocator.segments import SegmentInfo
+from ..allocator.sizes import allocation_size
+from ..allocator.whatif import candidates
+from ..attribution.categories import CATEGORIES, Attribution
+from ..attribution.timeline import bucket_peaks, moment
+from ..reader import Capture
+from ..stacks import site
+
+__all__ = ["allocator_section", "block_rows", "oom_section", "pinning_blocks"]
+
+
+def _downsample(values: np.ndarray, points: int) -> list[int]:
+    """values at most `points` long, each the maximum of its slice."""
+    return [int(v) for v in values[bucket_peaks(values, points)]]
+
+
+def block_rows(segments: list[SegmentInfo], att: Attribution | None) -> dict[int, int]:
+    """{address: attribution row} of the busy blocks of replayed segments:
+    by the event that allocated them (the block's event), or, for blocks
+    from the start baseline (event -1), by address among the rows live from
+    the start."""
+    if att is None:
+        return {}
+    busy = [(b.address, b.event) for s in segments for b in s.blocks if b.active]
+    by_event = att.rows_of([tag for _, tag in busy if tag >= 0])
+    pre_rows = np.flatnonzero(att.start < 0)
+    pre = dict(zip(att.addr[pre_rows].tolist(), pre_rows.tolist(), strict=True))
+    out = {}
+    for addr, tag in busy:
+        row = by_event.get(tag) if tag >= 0 else pre.get(addr)
+        if row is not None:
+            out[addr] = row
+    return out
+
+
+def pinning_blocks(segments: list[SegmentInfo], att: Attribution | None, *, top: int = 5,
+                   blocks_per_segment: int = 5) -> list[dict[str, Any]]:
+    """The fragmented segments holding the most free bytes, each with the
+    live blocks that keep it from being released (their category, module and
+    the user's line that allocated them)."""
+    rows = block_rows(segments, att)
+    out = []
+    for free, s, live in fragmented_segments(segments)[:top]:
+        pins = []
+        for b in live[:blocks_per_segment]:
+            pin: dict[str, Any] = {"address": b.address, "size": b.size, "requested": b.requested, "state": b.state}
+            row = rows.get(b.address)
+            if att is not None and row is not None:
+                pin["category"] = CATEGORIES[int(att.category[row])]
+                pin["module"] = att.name(int(att.module[row]))
+                pin["tensor"] = att.name(int(att.label[row]))
+                pin["site"] = site(att.capture, int(att.stack[row]))
+            pins.append(pin)
+        out.append({"address": s.address, "total_size": s.total_size, "stream": s.stream, "pool": s.pool_kind,
+                    "free": free, "live_blocks": len(live), "pinned_by": pins})
+    return out
+
+
+def allocator_section(cap: Capture, att: Attribution | None, rep: Replay, *, at: int | None = None, top: int = 5,
+                      points: int = 256) -> dict[str, Any]:
+    """The report's `allocator` section (docs/report.md). at: the event
+    whose state to show (replay(..., states_at=[at])); default the peak."""
+    peak = rep.peak_event("reserved")
+    state = rep.states.get(peak if at is None else at)
+    out: dict[str, Any] = {
+        "settings": rep.config.describe(),
+        "replay": rep.fidelity.to_json() if rep.fidelity else None,
+        "peak_reserved": {"event": peak, "bytes": rep.peak_reserved},
+        "state_at": peak if at is None else at,
+        "stats": rep.stats(),
+        "replayed_until": rep.replayed_until,
+        "timeline": {  # up to the last replayed event
+            "reserved": _downsample(rep.reserved[:rep.replayed_until + 2], points),
+            "allocated": _downsample(rep.allocated[:rep.replayed_until + 2], points),
+            "cached_free": _downsample(rep.cached_free[:rep.replayed_until + 2], points),
+            "largest_free_block": _downsample(rep.largest_free[:rep.replayed_until + 2], points),
+        },
+        "warnings": list(rep.warnings),
+    }
+    if state is not None:
+        out["state"] = figures(state)
+        out["state"]["pinned_segments"] = pinning_blocks(state, att, top=top)
+    return out
+
+
+def oom_section(cap: Capture, att: Attribution | None, rep: Replay, *, top: int = 10,
+                try_settings: bool = True) -> dict[str, Any] | None:
+    """The post-mortem of the capture's first OOM, or None if it had none."""
+    recorded = [o for o in rep.ooms if o.recorded]
+    oom_events = np.flatnonzero(cap.events.kind == EventKind.OOM)
+    if not len(oom_events):
+        return None
+    e = int(oom_events[0])
+    ev = cap.events
+    o = next((r for r in recorded if r.event == e), None)
+    frames = cap.stack(int(ev.stack[e]))
+    base = cap.baseline("start") or {}
+    total = next((int(d["total"]) for d in base.get("devices") or () if "total" in d), None)
+    device_free = int(ev.arg[e])
+    out: dict[str, Any] = {
+        "event": e,
+        "request": {"size": int(ev.size[e]) or int(ev.block[e]), "rounded": int(ev.block[e]) or None,
+                    "stack": [str(f) for f in frames[:top]]},
+        "device": {"total": total, "free_at_oom": device_free},
+        "reproduced_by_replay": o is not None,
+    }
+    if o is None:
+        out["note"] = ("the replay served this request: the allocator's state here is not the recorded one "
+                       "(see allocator.replay)")
+        return out
+    fig = figures(o.segments)
+    out["request"]["stream"] = o.stream
+    out["device"]["allowed"] = o.allowed
+    out["allocator"] = fig
+    if total is not None:
+        out["device"]["outside_pytorch"] = total - device_free - o.reserved
+    out["cached_unusable"] = stranded(o.segments, device=o.device, stream=o.stream, rounded=o.rounded,
+                                      config=rep.config)
+    out["pinned_segments"] = pinning_blocks(o.segments, att, top=5)
+    out["empty_cache_would_help"] = False  # torch released every unsplit cached block before it gave up
+    if att is not None:
+        m = moment(att, e, None, top)
+        out["filled_by"] = {"categories": m.by_category, "modules": dict(list(m.by_module.items())[:top])}
+    limit_bytes = o.allowed if o.allowed is not None else o.capacity
+    if limit_bytes is not None:
+        alloc = allocation_size(o.rounded, rep.config.large_segment_size)
+        # Device memory the failing request was short of, after torch had
+        # released every cached block it could.
+        out["shortfall"] = max(0, o.reserved + alloc - limit_bytes)
+    if try_settings:
+        tried = []
+        for text, cfg in candidates(cap)[1:]:
+            r = replay(cap, cfg)
+            tried.append({"settings": text, "avoids_oom": e in r.avoided_ooms and not any(
+                x.event < e for x in r.ooms), "peak_reserved": r.peak_reserved})
+        out["settings_tried"] = tried
+    return out
+

@@ -1,0 +1,249 @@
+"""The report: everything `allocscope report` prints, as one JSON-ready dict
+(build_report; its schema is versioned, SCHEMA, and written down in
+docs/report.md), and its text rendering (render)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from .._format import EventKind
+from .._units import format_bytes
+from ..allocator.replay import Replay, replay, request_at
+from ..attribution.categories import Attribution, attribute
+from ..attribution.estimate import theory, waterfall
+from ..attribution.timeline import Timeline, category_timeline, iterations, moment, sites, timeline
+from ..reader import Capture
+from .allocator import allocator_section, oom_section
+from .text import shorten, table
+
+__all__ = ["SCHEMA", "Analysis", "MarkNotFound", "analyse", "build_report", "find_mark", "render"]
+
+SCHEMA = "allocscope.report/1"
+
+
+@dataclasses.dataclass
+class Analysis:
+    """What every report of one capture starts from (computed once)."""
+
+    cap: Capture
+    att: Attribution
+    tl: Timeline
+    replay: Replay | None = None  # set by build_report on CUDA captures
+    replay_at: int | None = None  # the event whose allocator state replay.states holds
+
+
+def analyse(cap: Capture) -> Analysis:
+    att = attribute(cap)
+    return Analysis(cap, att, timeline(att))
+
+
+class MarkNotFound(LookupError):
+    """--at names a mark the capture does not have."""
+
+
+def find_mark(cap: Capture, label: str) -> int:
+    """Event index of the first MARK with this label."""
+    ev = cap.events
+    for i in np.flatnonzero(ev.kind == EventKind.MARK).tolist():
+        if cap.label(i) == label:
+            return int(i)
+    marks = sorted({cap.label(i) for i in np.flatnonzero(ev.kind == EventKind.MARK).tolist()})
+    known = ", ".join(repr(m) for m in marks[:10]) or "none"
+    raise MarkNotFound(f"no mark labelled {label!r} in {cap.path} (marks: {known})")
+
+
+def _section(att: Attribution, tl: Timeline, e: int, top: int) -> dict[str, Any]:
+    m = moment(att, e, tl, top)
+    th = theory(att, e)
+    gap, measured = waterfall(att, m, th, tl)
+    return {"moment": m.to_json(), "theory": th, "gap": gap, "measured": measured}
+
+
+REPLAY_BUDGET = 2_000_000
+
+
+def build_report(cap: Capture, *, at: str | None = None, top: int = 20,
+                 replay_budget: int = REPLAY_BUDGET, analysis: Analysis | None = None) -> dict[str, Any]:
+    """The report of a capture: the peak (or the first mark `at`) explained.
+    On CUDA captures of more than `replay_budget` events, the allocator is
+    replayed only as far as the report needs."""
+    an = analysis or analyse(cap)
+    att, tl = an.att, an.tl
+    peak = tl.peak("allocated")
+    out: dict[str, Any] = {
+        "schema": SCHEMA,
+        "capture": {
+            "path": cap.path, "complete": cap.complete, "events": len(cap.events),
+            "device_type": att.device_type, "torch": cap.metadata.get("torch"),
+            "duration_ns": cap.duration_ns, "watched": [w.get("name") for w in att.watches],
+        },
+        "units": "bytes",
+    }
+    focus = peak if at is None else find_mark(cap, at)
+    main = _section(att, tl, focus, top)
+    out["peak"] = moment(att, peak, tl, top).to_json() if at is not None else main["moment"]
+    if at is not None:
+        out["at"] = main["moment"] | {"label": at}
+    if tl.reserved is not None:
+        out["peak_reserved"] = moment(att, tl.peak("reserved"), tl, top).to_json()
+    out["theory"] = main["theory"]
+    out["gap"] = main["gap"]
+    out["measured"] = main["measured"]
+    out["iterations"] = iterations(att, tl)
+    out["sites"] = sites(att, focus, top)
+    out["timeline"] = category_timeline(att, tl)
+    out["warnings"] = list(cap.warnings) + att.warnings
+    if att.device_type == "cuda":
+        # The allocator's side: its state replayed at the peak of reserved
+        # memory, and the post-mortem of an OOM (docs/allocator.md).
+        at = request_at(cap, tl.peak("reserved"))
+        stop = None
+        if len(cap.events) > replay_budget:
+            # Long captures: replay only as far as the report looks (the
+            # peak, the OOMs); `allocscope simulate` replays everything.
+            ooms = np.flatnonzero(cap.events.kind == EventKind.OOM)
+            stop = max([at] + ooms.tolist())
+            if stop < len(cap.events) - 1:
+                out["warnings"].append(
+                    f"the allocator was replayed up to event {stop} of {len(cap.events)} (the capture is longer "
+                    f"than {replay_budget} events); `allocscope simulate` replays all of it")
+            else:
+                stop = None
+        try:
+            rep = replay(cap, states_at=[at], stop_after=stop)
+        except (KeyError, TypeError, ValueError) as e:  # a baseline this replay cannot read
+            out["warnings"].append(f"the allocator could not be replayed: {type(e).__name__}: {e}")
+            return out
+        an.replay, an.replay_at = rep, at
+        out["allocator"] = allocator_section(cap, att, rep, at=at, top=top)
+        oom = oom_section(cap, att, rep, top=top)
+        if oom is not None:
+            out["oom"] = oom
+    return out
+
+
+def render(r: dict[str, Any], top: int = 10) -> str:
+    focus = r.get("at") or r["peak"]
+    where = f"at mark {focus['label']!r}" if "at" in r else "at the peak of allocated memory"
+    cap = r["capture"]
+    lines = [f"{cap['path']}: {cap['device_type']}, {cap['events']} events, "
+             f"{cap['duration_ns'] / 1e9:.2f} s{'' if cap['complete'] else ' (incomplete)'}"]
+    if not cap["watched"]:
+        lines.append("no model was watched: categories and the estimate need rec.watch(model, optimizer)")
+    lines.append("")
+    head = f"Memory {where} ({focus['time_ns'] / 1e9:.3f} s in, event {focus['event']}): " \
+           f"{format_bytes(focus['allocated_bytes'])} allocated"
+    if focus.get("reserved_bytes") is not None:
+        head += f", {format_bytes(focus['reserved_bytes'])} reserved"
+    lines.append(head)
+
+    th = r["theory"]
+    lines += ["", "Theory vs practice (textbook estimate -> measured):"]
+    rows = [("estimate", format_bytes(th["total"]), "parameters + gradients + optimizer state + "
+             "activations x2 + inputs" if th["training"] else "parameters + activations + inputs")]
+    running = th["total"]
+    for item in r["gap"]:
+        if item["bytes"] == 0:
+            continue
+        running += item["bytes"]
+        sign = "+" if item["bytes"] >= 0 else "-"
+        rows.append((f"{sign} {item['item']}", format_bytes(abs(item["bytes"])), item["detail"]))
+    m = r["measured"]
+    rows.append(("= measured", format_bytes(m["total_bytes"]), m["basis"].replace("_", " ")))
+    lines += table(rows, {1})
+    for note in th["notes"]:
+        lines.append(f"  note: {note}")
+
+    lines += ["", "By category (requested bytes):"]
+    cats = [(c, format_bytes(b)) for c, b in sorted(focus["by_category"].items(), key=lambda kv: -kv[1]) if b]
+    lines += table(cats, {1}) if cats else ["  (nothing live)"]
+    lines += ["", "By module:"]
+    mods = [(mname, format_bytes(b)) for mname, b in list(focus["by_module"].items())[:top]]
+    lines += table(mods, {1}) if mods else ["  (nothing live)"]
+    lines += ["", "Largest groups (category, module, source line):"]
+    groups = [(format_bytes(g["bytes"]), str(g["count"]), g["category"], g["module"] or "-", shorten(g["site"]))
+              for g in focus["top"][:top]]
+    lines += table([("bytes", "n", "category", "module", "site")] + groups, {0, 1}) if groups else ["  (none)"]
+    if r["sites"]:
+        lines += ["", "Top allocation sites (live here, allocated in all):"]
+        lines += table([("live", "allocated", "count", "site")] + [
+            (format_bytes(s["live_bytes"]), format_bytes(s["allocated_bytes"]), str(s["allocations"]),
+             shorten(s["site"])) for s in r["sites"][:top]], {0, 1, 2})
+    its = r["iterations"]
+    if its:
+        lines += ["", "Iterations (optimizer steps):"]
+        lines += table([("iter", "peak", "growth", "leaked")] + [
+            (str(i["iteration"]), format_bytes(i["peak_allocated_bytes"]), format_bytes(i["growth_bytes"]),
+             format_bytes(i["leaked_bytes"])) for i in its[:top]], {0, 1, 2, 3})
+        if len(its) > top:
+            lines.append(f"  ... {len(its) - top} more (--json for all)")
+    lines += _allocator_lines(r.get("allocator"), top)
+    lines += _oom_lines(r.get("oom"), top)
+    for w in r["warnings"]:
+        lines.append(f"warning: {w}")
+    return "\n".join(lines)
+
+
+def _allocator_lines(a: dict[str, Any] | None, top: int) -> list[str]:
+    if not a:
+        return []
+    lines = ["", f"Allocator (settings: {a['settings']}), at the peak of reserved memory (event {a['state_at']}):"]
+    st = a.get("state")
+    if st:
+        lines += table([
+            ("reserved", format_bytes(st["reserved"]), f"{st['segments']} segments"),
+            ("allocated", format_bytes(st["allocated"]), f"of which rounding and unsplit remainders "
+             f"{format_bytes(st['internal_fragmentation'])}"),
+            ("cached free", format_bytes(st["cached_free"]), f"largest block {format_bytes(st['largest_free_block'])}, "
+             f"external fragmentation {st['external_fragmentation']:.1%}"),
+            ("unreleasable", format_bytes(st["unreleasable_free"]), f"free inside {st['fragmented_segments']} "
+             "segments that also hold live blocks (empty_cache cannot return it)"),
+            ("awaiting streams", format_bytes(st["pending_free"]), "freed, still in use by another stream"),
+        ], {1})
+        for seg in st["pinned_segments"][:3]:
+            lines.append(f"  segment {seg['address']:#x} ({format_bytes(seg['total_size'])}, {seg['pool']} pool): "
+                         f"{format_bytes(seg['free'])} free, pinned by {seg['live_blocks']} live block(s):")
+            for p in seg["pinned_by"][:3]:
+                what = " ".join(x for x in (p.get("category"), p.get("module"), p.get("tensor")) if x)
+                lines.append(f"    {format_bytes(p['size'])} {what or p['state']} {p.get('site') or ''}".rstrip())
+    rp = a.get("replay")
+    if rp:
+        verdict = "reproduced exactly" if rp["exact"] else \
+            f"NOT reproduced exactly ({rp['matched']} of {rp['recorded_segment_events']} segment events)"
+        lines.append(f"  replay of the allocator: {verdict}; see `allocscope simulate`")
+    return lines
+
+
+def _oom_lines(o: dict[str, Any] | None, top: int) -> list[str]:
+    if not o:
+        return []
+    req = o["request"]
+    lines = ["", f"Out of memory at event {o['event']}: requested {format_bytes(req['size'])}"]
+    lines += [f"    {f}" for f in req["stack"][:5]]
+    if not o["reproduced_by_replay"]:
+        return lines + [f"  {o['note']}"]
+    al, dev = o["allocator"], o["device"]
+    rows = [("reserved", format_bytes(al["reserved"]), f"allocated {format_bytes(al['allocated'])}")]
+    if dev.get("outside_pytorch") is not None:
+        rows.append(("outside PyTorch", format_bytes(dev["outside_pytorch"]), "CUDA context, libraries, other processes"))
+    rows.append(("device free", format_bytes(dev["free_at_oom"]), f"of {format_bytes(dev['total'] or 0)}"
+                 + (f"; allowed {format_bytes(dev['allowed'])}" if dev.get("allowed") else "")))
+    lines += table(rows, {1})
+    unusable = {k: v for k, v in o["cached_unusable"].items() if v}
+    if unusable:
+        lines.append("  cached but unusable for this request: " + ", ".join(
+            f"{format_bytes(v)} {k.replace('_', ' ')}" for k, v in unusable.items()))
+    filled = (o.get("filled_by") or {}).get("categories") or {}
+    if filled:
+        lines.append("  filled by: " + ", ".join(f"{c} {format_bytes(b)}" for c, b in
+                                                 sorted(filled.items(), key=lambda kv: -kv[1]) if b))
+    if o.get("shortfall") is not None:
+        lines.append(f"  short by {format_bytes(o['shortfall'])}; empty_cache() would not have helped "
+                     "(torch had released every unsplit cached block)")
+    for t in o.get("settings_tried", []):
+        lines.append(f"  with {t['settings']}: {'would fit' if t['avoids_oom'] else 'still runs out'} "
+                     f"(peak reserved {format_bytes(t['peak_reserved'])})")
+    return lines

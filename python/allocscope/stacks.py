@@ -1,0 +1,29 @@
+"""The user's line of a recorded Python stack: the innermost frame outside
+torch and allocscope, which is where an allocation "comes from" in every
+report (sites, OOM requests, the blocks that pin a segment)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+__all__ = ["site", "user_frame"]
+
+_LIBRARY = re.compile(r"^<frozen |[/\\](torch|allocscope)[/\\]")
+
+
+def user_frame(cap: Any, stack_id: int) -> tuple[str, str, int] | None:
+    """(file, function, line) of the innermost frame of a stack outside torch
+    and allocscope (the user's line), else the innermost frame; None for an
+    empty stack. cap: a reader.Capture."""
+    frames = cap.stack(stack_id)
+    for f in frames:
+        if not _LIBRARY.search(f.filename):
+            return f.filename, f.function, f.line
+    return (frames[0].filename, frames[0].function, frames[0].line) if frames else None
+
+
+def site(cap: Any, stack_id: int) -> str | None:
+    """The user's line of a stack as 'file:line (function)', None for an empty stack."""
+    f = user_frame(cap, stack_id)
+    return f"{f[0]}:{f[2]} ({f[1]})" if f else None
