@@ -4,16 +4,12 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
-#include <torch/headeronly/version.h>
 
 #include <stdexcept>
 
 #include "adopt.h"
 #include "clock.h"
-
-// Interface additions after 2.11, by the release whose headers show them.
-#define ALLOCSCOPE_TORCH_AT_LEAST(major, minor) \
-  (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+#include "torch_version.h"
 
 namespace allocscope::cuda {
 namespace {

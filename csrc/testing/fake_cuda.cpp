@@ -2,7 +2,6 @@
 
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/util/Exception.h>
-#include <torch/headeronly/version.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -11,9 +10,7 @@
 #include <unordered_map>
 
 #include "../cuda_allocator.h"
-
-#define ALLOCSCOPE_TORCH_AT_LEAST(major, minor) \
-  (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+#include "../torch_version.h"
 
 namespace allocscope::testing {
 namespace {

@@ -1,3 +1,5 @@
+"""`python -m allocscope`: the command line (cli/)."""
+
 import sys
 
 from .cli import main

@@ -3,12 +3,13 @@ number is derived in the comments from the rules in
 ../shared/torch_internals.md §3 (and c10/cuda/CUDACachingAllocator.cpp), not
 from running the model."""
 
+import numpy as np
 import pytest
 
 from allocscope.allocator.config import AllocatorConfig, ConfigError, parse_alloc_conf
 from allocscope.allocator.state import segments
 from allocscope.allocator.model import DeviceAllocator
-from allocscope.allocator.sizes import round_size
+from allocscope.allocator.sizes import round_size, round_sizes
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 BASE = 1 << 40  # the default address source starts here and leaves a 2 MiB gap after each segment
@@ -37,6 +38,14 @@ def seg_events(d):
 ])
 def test_round_size(size, divisions, expected):
     assert round_size(size, (divisions,) * 16) == expected
+
+
+def test_vectorised_rounding_is_the_same_rule():
+    rng = np.random.default_rng(7)
+    sizes = np.concatenate([rng.integers(1, 1 << 36, 3000), rng.integers(1, 4 * MiB, 3000),
+                            1 << np.arange(1, 36), (1 << np.arange(1, 36)) + 1])
+    for table in [(), (4,) * 16, (0, 2, 8, 1, 16) + (4,) * 11, (2, 4)]:
+        assert round_sizes(sizes, table).tolist() == [round_size(int(n), table) for n in sizes]
 
 
 def test_roundup_power2_divisions_table_follows_torch():

@@ -34,7 +34,7 @@ class ConfigError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class AllocatorConfig:
-    """The settings the simulator replays with (defaults: torch's)."""
+    """The settings the model replays with (defaults: torch's)."""
 
     max_split_size: int = SIZE_MAX
     max_non_split_rounding_size: int = LARGE_BUFFER

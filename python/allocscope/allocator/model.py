@@ -3,7 +3,7 @@ one instance per device, that replays requests: allocations with their size
 and stream, frees, completions of cross-stream frees, empty_cache calls and
 memory-fraction changes.
 
-It follows the native allocator's algorithm (../shared/torch_internals.md §3;
+It follows the native allocator's algorithm (docs/allocator.md; torch's
 c10/cuda/CUDACachingAllocator.cpp) decision for decision:
 
 - round_size and allocation_size (sizes.py);
@@ -58,7 +58,7 @@ def free_block_order(torch_version: str | None) -> bool:
 
 class DeviceAllocator(ExpandableSegments):
     """One device's caching allocator. Replay drives it; its state is
-    readable at any point (allocator_state.segments(), the counters)."""
+    readable at any point (state.segments(), the counters)."""
 
     def __init__(self, config: AllocatorConfig, *, device: int = 0, total: int = 0, capacity: int | None = None,
                  addresses: AddressSource | None = None, segment_order: bool = False,

@@ -1,4 +1,4 @@
-"""The textbook estimate (../shared/theory.md) for a watched model, and the
+"""The textbook estimate (docs/attribution.md) for a watched model, and the
 waterfall of measured line items that takes it to what was measured.
 
 Theory, for the moment analysed:

@@ -9,6 +9,8 @@ import numpy as np
 from .._format import EventKind
 from ..reader import Events
 
+__all__ = ["Lifetimes", "lifetimes", "live_bytes"]
+
 
 @dataclasses.dataclass(frozen=True)
 class Lifetimes:
