@@ -3,12 +3,17 @@ JSON-ready dict with a versioned schema, and its text or HTML rendering.
 
 report: the peak (or a mark) explained (build_report, render). allocator:
 the report's allocator and OOM sections. simulate: the `simulate`
-document. diff: two captures compared. views: the HTML report's reduced
-data. html: the HTML pages. text: table helpers of the text renderings.
+document. diff: two captures compared. info: what a capture holds. events:
+the rows `dump` prints. views: the HTML report's reduced data. html: the
+HTML pages. text: table helpers of the text renderings. (The exports'
+documents are interop's to_snapshot and to_trace_events.)
 """
 
 from .diff import diff
+from .events import event_rows
+from .info import summarize
 from .report import Analysis, MarkNotFound, analyse, build_report, find_mark
 from .simulate import simulate
 
-__all__ = ["Analysis", "MarkNotFound", "analyse", "build_report", "diff", "find_mark", "simulate"]
+__all__ = ["Analysis", "MarkNotFound", "analyse", "build_report", "diff", "event_rows", "find_mark", "simulate",
+           "summarize"]
