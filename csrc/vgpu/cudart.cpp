@@ -59,44 +59,36 @@ struct Handle {
 };
 Handle g_fatbin{1}, g_library{2};
 
-const char* error_name(cudaError_t e) {
-  switch (e) {
-#define NAME(x) \
-  case x: return #x;
-    NAME(cudaSuccess)
-    NAME(cudaErrorInvalidValue)
-    NAME(cudaErrorMemoryAllocation)
-    NAME(cudaErrorInitializationError)
-    NAME(cudaErrorInvalidDevice)
-    NAME(cudaErrorInvalidResourceHandle)
-    NAME(cudaErrorNotReady)
-    NAME(cudaErrorNoDevice)
-    NAME(cudaErrorNotSupported)
-    NAME(cudaErrorStreamCaptureUnsupported)
-    NAME(cudaErrorIllegalState)
-    NAME(cudaErrorPeerAccessAlreadyEnabled)
-    NAME(cudaErrorInvalidDeviceFunction)
-    NAME(cudaErrorUnknown)
-#undef NAME
-    default: return "cudaErrorUnknown";
-  }
-}
+struct RuntimeError {
+  cudaError_t code;
+  const char* name;
+  const char* text;
+};
 
-const char* error_string(cudaError_t e) {
-  switch (e) {
-    case cudaSuccess: return "no error";
-    case cudaErrorInvalidValue: return "invalid argument";
-    case cudaErrorMemoryAllocation: return "out of memory";
-    case cudaErrorInvalidDevice: return "invalid device ordinal";
-    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
-    case cudaErrorNotReady: return "device not ready";
-    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
-    case cudaErrorNotSupported: return "operation not supported (allocscope virtual GPU)";
-    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
-    case cudaErrorIllegalState: return "the operation is not permitted in this state";
-    case cudaErrorPeerAccessAlreadyEnabled: return "peer access is already enabled";
-    default: return "unknown error";
-  }
+// One row per code this library returns: cudaGetErrorName / cudaGetErrorString.
+#define ROW(code, text) {code, #code, text}
+constexpr RuntimeError kRuntimeErrors[] = {
+    ROW(cudaSuccess, "no error"),
+    ROW(cudaErrorInvalidValue, "invalid argument"),
+    ROW(cudaErrorMemoryAllocation, "out of memory"),
+    ROW(cudaErrorInitializationError, "initialization error"),
+    ROW(cudaErrorInvalidDevice, "invalid device ordinal"),
+    ROW(cudaErrorInvalidResourceHandle, "invalid resource handle"),
+    ROW(cudaErrorNotReady, "device not ready"),
+    ROW(cudaErrorNoDevice, "no CUDA-capable device is detected"),
+    ROW(cudaErrorNotSupported, "operation not supported (allocscope virtual GPU)"),
+    ROW(cudaErrorStreamCaptureUnsupported, "operation not permitted when stream is capturing"),
+    ROW(cudaErrorIllegalState, "the operation is not permitted in this state"),
+    ROW(cudaErrorPeerAccessAlreadyEnabled, "peer access is already enabled"),
+    ROW(cudaErrorInvalidDeviceFunction, "invalid device function"),
+    ROW(cudaErrorUnknown, "unknown error"),
+};
+#undef ROW
+
+const RuntimeError& runtime_error(cudaError_t code) {
+  for (const RuntimeError& e : kRuntimeErrors)
+    if (e.code == code) return e;
+  return kRuntimeErrors[sizeof(kRuntimeErrors) / sizeof(kRuntimeErrors[0]) - 1];
 }
 
 void fill_properties(cudaDeviceProp* p, int device) {
@@ -374,8 +366,8 @@ API cudaError_t cudaPeekAtLastError(void) {
   return t_last_error;
 }
 API const char* cudaGetErrorName(cudaError_t error) {
-  return error_name(error);
+  return runtime_error(error).name;
 }
 API const char* cudaGetErrorString(cudaError_t error) {
-  return error_string(error);
+  return runtime_error(error).text;
 }

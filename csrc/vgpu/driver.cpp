@@ -29,6 +29,35 @@ CUresult to_cu(Result r) {
   return CUDA_ERROR_UNKNOWN;
 }
 
+struct DriverError {
+  CUresult code;
+  const char* name;
+  const char* text;
+};
+
+// One row per code this library returns (to_cu and the entry points): the
+// name and the message of cuGetErrorName / cuGetErrorString.
+constexpr DriverError kDriverErrors[] = {
+    {CUDA_SUCCESS, "CUDA_SUCCESS", "no error"},
+    {CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
+    {CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
+    {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
+    {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
+    {CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
+    {CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
+    {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported (allocscope virtual GPU)"},
+    {CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
+     "operation not permitted when stream is capturing"},
+    {CUDA_ERROR_ILLEGAL_STATE, "CUDA_ERROR_ILLEGAL_STATE", "the operation is not permitted in this state"},
+    {CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
+};
+
+const DriverError& driver_error(CUresult code) {
+  for (const DriverError& e : kDriverErrors)
+    if (e.code == code) return e;
+  return kDriverErrors[sizeof(kDriverErrors) / sizeof(kDriverErrors[0]) - 1];
+}
+
 // One context per device (its primary context); a CUcontext points at one.
 struct Context {
   int device;
@@ -145,26 +174,11 @@ API CUresult cuCtxSynchronize(void) {
   return to_cu(vgpu::device_synchronize(vgpu::current_device()));
 }
 API CUresult cuGetErrorString(CUresult error, const char** text) {
-  switch (error) {
-    case CUDA_SUCCESS: *text = "no error"; break;
-    case CUDA_ERROR_INVALID_VALUE: *text = "invalid argument"; break;
-    case CUDA_ERROR_OUT_OF_MEMORY: *text = "out of memory"; break;
-    case CUDA_ERROR_INVALID_DEVICE: *text = "invalid device ordinal"; break;
-    case CUDA_ERROR_INVALID_HANDLE: *text = "invalid resource handle"; break;
-    case CUDA_ERROR_NOT_SUPPORTED: *text = "operation not supported (allocscope virtual GPU)"; break;
-    case CUDA_ERROR_NO_DEVICE: *text = "no CUDA-capable device is detected"; break;
-    default: *text = "unknown error";
-  }
+  *text = driver_error(error).text;
   return CUDA_SUCCESS;
 }
 API CUresult cuGetErrorName(CUresult error, const char** text) {
-  switch (error) {
-    case CUDA_SUCCESS: *text = "CUDA_SUCCESS"; break;
-    case CUDA_ERROR_INVALID_VALUE: *text = "CUDA_ERROR_INVALID_VALUE"; break;
-    case CUDA_ERROR_OUT_OF_MEMORY: *text = "CUDA_ERROR_OUT_OF_MEMORY"; break;
-    case CUDA_ERROR_NOT_SUPPORTED: *text = "CUDA_ERROR_NOT_SUPPORTED"; break;
-    default: *text = "CUDA_ERROR_UNKNOWN";
-  }
+  *text = driver_error(error).name;
   return CUDA_SUCCESS;
 }
 

@@ -5,6 +5,7 @@ symbol tables (as test_header_audit.py reads its headers), not from a list,
 so that a torch upgrade that imports something new fails here."""
 
 import glob
+import json
 import os
 import re
 import shutil
@@ -114,3 +115,43 @@ def test_sonames_match_the_libraries_torch_links():
         dynamic = subprocess.run(["readelf", "-d", os.path.join(vgpu.LIB_DIR, lib)], capture_output=True, text=True,
                                  check=True).stdout
         assert re.search(rf"\(SONAME\)\s+Library soname: \[{re.escape(lib)}\]", dynamic), lib
+
+
+ERROR_NAMES = r"""
+import ctypes, json, os, sys
+lib = sys.argv[1]
+cuda = ctypes.CDLL(os.path.join(lib, "libcuda.so.1"))
+cudart = ctypes.CDLL(os.path.join(lib, os.path.basename(sys.argv[2])))
+cudart.cudaGetErrorName.restype = cudart.cudaGetErrorString.restype = ctypes.c_char_p
+out = {"driver": {}, "runtime": {}}
+for code in json.loads(sys.argv[3]):
+    name, text = ctypes.c_char_p(), ctypes.c_char_p()
+    cuda.cuGetErrorName(code, ctypes.byref(name))
+    cuda.cuGetErrorString(code, ctypes.byref(text))
+    out["driver"][code] = [name.value.decode(), text.value.decode()]
+for code in json.loads(sys.argv[4]):
+    out["runtime"][code] = [cudart.cudaGetErrorName(code).decode(), cudart.cudaGetErrorString(code).decode()]
+print(json.dumps(out))
+"""
+
+
+def test_every_error_the_stand_ins_return_has_its_name_and_message():
+    # The codes the stand-ins return (driver.cpp to_cu, cudart_common.h), as cuda.h and driver_types.h number them.
+    driver = {0: "CUDA_SUCCESS", 1: "CUDA_ERROR_INVALID_VALUE", 2: "CUDA_ERROR_OUT_OF_MEMORY",
+              101: "CUDA_ERROR_INVALID_DEVICE", 400: "CUDA_ERROR_INVALID_HANDLE", 600: "CUDA_ERROR_NOT_READY",
+              100: "CUDA_ERROR_NO_DEVICE", 801: "CUDA_ERROR_NOT_SUPPORTED",
+              900: "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", 401: "CUDA_ERROR_ILLEGAL_STATE"}
+    runtime = {0: "cudaSuccess", 1: "cudaErrorInvalidValue", 2: "cudaErrorMemoryAllocation",
+               101: "cudaErrorInvalidDevice", 400: "cudaErrorInvalidResourceHandle", 600: "cudaErrorNotReady",
+               100: "cudaErrorNoDevice", 801: "cudaErrorNotSupported", 900: "cudaErrorStreamCaptureUnsupported",
+               401: "cudaErrorIllegalState"}
+    cudart = glob.glob(os.path.join(vgpu.LIB_DIR, "libcudart.so.*"))[0]
+    out = subprocess.run([sys.executable, "-c", ERROR_NAMES, vgpu.LIB_DIR, cudart, json.dumps(list(driver)),
+                          json.dumps(list(runtime))], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout)
+    for table, expected in (("driver", driver), ("runtime", runtime)):
+        for code, name in expected.items():
+            got_name, text = got[table][str(code)]
+            assert got_name == name, (table, code, got_name)
+            assert text and (code == 0) == (text == "no error") and text != "unknown error", (table, code, text)

@@ -238,6 +238,10 @@ class _Run:
         self.checkers: dict[int, _Checker] = {}
         self.live: dict[int, tuple[DeviceAllocator, Block]] = {}
         self.pending: dict[int, tuple[DeviceAllocator, Block]] = {}
+        self.deferred = deferred_frees(cap)  # per event: a FREE that waits for another stream
+        self.ooms: list[OomRecord] = []
+        self.avoided: list[int] = []  # recorded OOM requests the model could serve
+        self.allocs = self.address_mismatches = 0
         self._load(start)
         if limit is None:
             self._bound_by_recorded_ooms()
@@ -320,10 +324,7 @@ class _Run:
         # The totals after each replayed event; carried over the others at the end.
         after: list[tuple[int, int, int, int]] = [self.totals()]
         replayed: list[int] = []
-        self.deferred = deferred_frees(self.cap)
-        self.ooms: list[OomRecord] = []
-        self.avoided: list[int] = []
-        self.allocs = self.address_mismatches = unknown_frees = 0
+        unknown_frees = 0
         todo = np.flatnonzero(np.isin(ev.kind, _REQUESTS))
         if stop_after is not None:
             todo = todo[todo <= stop_after]
