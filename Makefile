@@ -57,7 +57,7 @@ browser:
 
 $(VENV)/.deps:
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q torch==$(TORCH) pybind11 ninja pytest numpy setuptools wheel
+	$(PY) -m pip install -q torch==$(TORCH) pybind11 ninja pytest numpy hypothesis setuptools wheel
 	touch $@
 
 $(VENV)/.built: $(VENV)/.deps $(SOURCES)
@@ -70,7 +70,7 @@ $(VENV)/.built: $(VENV)/.deps $(SOURCES)
 test-compat:
 	@if [ ! -f $(COMPAT_VENV)/.deps ]; then \
 	  $(PYTHON) -m venv $(COMPAT_VENV) && \
-	  $(COMPAT_VENV)/bin/python -m pip install -q torch==$(COMPAT_TORCH) pybind11 ninja pytest numpy setuptools wheel \
+	  $(COMPAT_VENV)/bin/python -m pip install -q torch==$(COMPAT_TORCH) pybind11 ninja pytest numpy hypothesis setuptools wheel \
 	  && touch $(COMPAT_VENV)/.deps \
 	  || { echo "WARNING: torch $(COMPAT_TORCH) could not be installed: compatibility build not tested"; exit 0; }; \
 	fi

@@ -88,7 +88,7 @@ def compare(real_path: str, virtual_path: str) -> dict:
     import allocscope
     from allocscope import EventKind
     from allocscope.attribution.lifetimes import live_bytes
-    from allocscope.allocator.replay import recorded_reserved
+    from allocscope.allocator.recorded import recorded_reserved
 
     caps = {"real": allocscope.load(real_path), "virtual": allocscope.load(virtual_path)}
     out: dict = {}

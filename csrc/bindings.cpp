@@ -95,6 +95,10 @@ PYBIND11_MODULE(_C, m) {
     kinds["EMPTY_CACHE"] = int{format::kEmptyCache};
     kinds["SET_FRACTION"] = int{format::kSetFraction};
     kinds["SNAPSHOT"] = int{format::kSnapshot};
+    kinds["POOL_BEGIN"] = int{format::kPoolBegin};
+    kinds["POOL_END"] = int{format::kPoolEnd};
+    kinds["POOL_RELEASE"] = int{format::kPoolRelease};
+    kinds["POOL_ALLOC"] = int{format::kPoolAlloc};
     kinds["MARK"] = int{format::kMark};
     kinds["MODULE_ENTER"] = int{format::kModuleEnter};
     kinds["MODULE_EXIT"] = int{format::kModuleExit};

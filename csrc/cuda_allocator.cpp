@@ -5,6 +5,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
 
+#include <cstring>
 #include <stdexcept>
 
 #include "adopt.h"
@@ -38,8 +39,9 @@ struct CudaThreadState {
   bool oom_seen;
   uint64_t oom_rounded;  // from the OOM trace entry: rounded request
   uint64_t oom_free;     // and the device's free bytes
+  c10::MempoolId_t pool;  // from the ALLOC trace entry: the private pool that served it, or {0, 0}
 };
-ALLOCSCOPE_TLS CudaThreadState t_state = {0, 0, false, 0, 0};
+ALLOCSCOPE_TLS CudaThreadState t_state = {0, 0, false, 0, 0, {0, 0}};
 
 c10::DeleterFnPtr g_inner_deleter = nullptr;
 
@@ -84,7 +86,10 @@ void on_trace(const TraceEntry& te) {
   // and immediate completion).
   switch (te.action_) {
     case TraceEntry::ALLOC:
-      if (tl.in_alloc > 0) return;  // the wrapper records it, with its stack
+      if (tl.in_alloc > 0) {  // the wrapper records it, with its stack
+        tl.pool = te.mempool_;
+        return;
+      }
       ev.kind = format::kAlloc | format::kViaAllocator;
       break;
     case TraceEntry::FREE_REQUESTED:
@@ -116,6 +121,7 @@ void on_trace(const TraceEntry& te) {
         tl.oom_seen = true;
         tl.oom_rounded = te.size_;
         tl.oom_free = addr;
+        tl.pool = te.mempool_;
         return;
       }
       ev.kind = format::kOom | format::kViaAllocator;
@@ -129,6 +135,10 @@ void on_trace(const TraceEntry& te) {
       break;
     default:  // annotations (2.14) and later additions
       return;
+  }
+  if (ev.kind >= format::kSegmentAlloc && ev.kind <= format::kSegmentUnmap) {
+    ev.arg = te.mempool_.first;  // the segment's pool ({0, 0}: the shared pools)
+    ev.block = te.mempool_.second;
   }
   EmitScope scope;
   if (!scope) return;
@@ -164,12 +174,16 @@ class RecordingCUDAAllocator final : public cca::CUDAAllocator {
   }
 
   void emptyCache(c10::MempoolId_t mempool_id) override {
-    record_call(format::kEmptyCache, -1, mempool_id.first);
+    record_call(format::kEmptyCache, -1, mempool_id.first, mempool_id.second);
     inner_->emptyCache(mempool_id);
   }
 
   void setMemoryFraction(double fraction, c10::DeviceIndex device) override {
-    record_call(format::kSetFraction, device, static_cast<uint64_t>(fraction * 1e9 + 0.5));
+    // arg: the fraction to 9 digits (readable at a glance); block: its exact
+    // bits, from which a replay computes c10's limit to the byte.
+    uint64_t bits = 0;
+    std::memcpy(&bits, &fraction, sizeof bits);
+    record_call(format::kSetFraction, device, static_cast<uint64_t>(fraction * 1e9 + 0.5), bits);
     inner_->setMemoryFraction(fraction, device);
   }
 
@@ -218,14 +232,19 @@ class RecordingCUDAAllocator final : public cca::CUDAAllocator {
   cca::SnapshotInfo snapshot(c10::MempoolId_t mempool_id, bool include_traces) override {
     return inner_->snapshot(mempool_id, include_traces);
   }
+  // ---- private pools: recorded, so that a replay can follow CUDA graph captures
+
   void beginAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
                            std::function<bool(cudaStream_t)> filter) override {
     inner_->beginAllocateToPool(device, mempool_id, std::move(filter));
+    record_pool(format::kPoolBegin, device, mempool_id, 0);
   }
   void endAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override {
     inner_->endAllocateToPool(device, mempool_id);
+    record_pool(format::kPoolEnd, device, mempool_id, 0);
   }
   void releasePool(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override {
+    record_pool(format::kPoolRelease, device, mempool_id, 0);
     inner_->releasePool(device, mempool_id);
   }
   int getPoolUseCount(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override {
@@ -234,6 +253,7 @@ class RecordingCUDAAllocator final : public cca::CUDAAllocator {
   void createOrIncrefPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
                           std::shared_ptr<cca::CUDAAllocator> allocator) override {
     inner_->createOrIncrefPool(device, mempool_id, std::move(allocator));
+    record_pool(format::kPoolBegin, device, mempool_id, 1);
   }
   void setUseOnOOM(c10::DeviceIndex device, c10::MempoolId_t mempool_id, bool use_on_oom) override {
     inner_->setUseOnOOM(device, mempool_id, use_on_oom);
@@ -321,6 +341,7 @@ class RecordingCUDAAllocator final : public cca::CUDAAllocator {
     uint32_t stack = Recorder::get().capture_stack();
     CudaThreadState& tl = t_state;
     tl.oom_seen = false;
+    tl.pool = {0, 0};
     ++tl.in_alloc;
     int64_t t0 = now_ns();
     Result result;
@@ -336,6 +357,7 @@ class RecordingCUDAAllocator final : public cca::CUDAAllocator {
       ev.block = tl.oom_seen ? tl.oom_rounded : 0;
       ev.arg = tl.oom_seen ? tl.oom_free : 0;
       ev.stream = stream_index(device, stream ? reinterpret_cast<uintptr_t>(*stream) : g_env->current_stream(device));
+      push_pool_route(scope, ev, tl.pool);
       scope.push(ev);
       Recorder::get().request_flush();  // the process may not survive this OOM
       throw;
@@ -350,24 +372,52 @@ class RecordingCUDAAllocator final : public cca::CUDAAllocator {
     adopt_result(result);
     c10::DeviceIndex device = device_of(result);
     RawEvent ev;
-    ev.kind = format::kAlloc;
+    ev.stream = stream_index(device, stream ? reinterpret_cast<uintptr_t>(*stream) : g_env->current_stream(device));
     ev.addr = reinterpret_cast<uintptr_t>(ptr);
+    ev.time_ns = t1;
+    push_pool_route(scope, ev, tl.pool);
+    ev.kind = format::kAlloc;
     ev.size = n;
     ev.stack = stack;
     ev.arg = static_cast<uint64_t>(t1 - t0);
-    ev.time_ns = t1;
-    ev.stream = stream_index(device, stream ? reinterpret_cast<uintptr_t>(*stream) : g_env->current_stream(device));
     scope.push(ev);
     return result;
   }
 
-  void record_call(uint8_t kind, int device, uint64_t arg) {
+  // Before the ALLOC or OOM `ev`: the private pool that served (or failed)
+  // it, if it was one.
+  static void push_pool_route(EmitScope& scope, const RawEvent& ev, c10::MempoolId_t pool) {
+    if (pool.first == 0 && pool.second == 0) return;
+    RawEvent routed;
+    routed.kind = format::kPoolAlloc;
+    routed.addr = ev.addr;
+    routed.stream = ev.stream;
+    routed.time_ns = ev.time_ns;
+    routed.arg = pool.first;
+    routed.block = pool.second;
+    scope.push(routed);
+  }
+
+  void record_call(uint8_t kind, int device, uint64_t arg, uint64_t block = 0) {
     EmitScope scope;
     if (!scope) return;
     RawEvent ev;
     ev.kind = kind;
     ev.arg = arg;
+    ev.block = block;
     ev.stream = device < 0 ? format::kNoStream : stream_index(static_cast<c10::DeviceIndex>(device), 0);
+    scope.push(ev);
+  }
+
+  void record_pool(uint8_t kind, c10::DeviceIndex device, c10::MempoolId_t id, uint64_t addr) {
+    EmitScope scope;
+    if (!scope) return;
+    RawEvent ev;
+    ev.kind = kind;
+    ev.addr = addr;
+    ev.arg = id.first;
+    ev.block = id.second;
+    ev.stream = stream_index(device, g_env->current_stream(device));
     scope.push(ev);
   }
 

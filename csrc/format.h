@@ -52,6 +52,12 @@ enum EventKind : uint8_t {
   kEmptyCache = 9,      // emptyCache() called; arg = mempool id (first)
   kSetFraction = 10,    // setMemoryFraction; arg = fraction * 1e9
   kSnapshot = 11,       // the allocator took a snapshot (baselines point here)
+  // Private memory pools (CUDA graph captures, torch.cuda.MemPool); arg/block =
+  // the pool id's two halves, stream names the device.
+  kPoolBegin = 12,      // beginAllocateToPool; addr 1: createOrIncrefPool (no capture)
+  kPoolEnd = 13,        // endAllocateToPool
+  kPoolRelease = 14,    // releasePool
+  kPoolAlloc = 15,      // the next ALLOC at addr (or OOM: addr 0) went to this private pool
   kMark = 16,           // arg = string id of the label, stack
   // 17..63: annotations written by allocscope.watch (python/allocscope/watcher.py);
   // arg = string id, addr/size = payload. Readers keep unknown annotation kinds.

@@ -70,3 +70,13 @@ def run_python(code: str, *args: str, timeout: float = 120, env: dict | None = N
     """Runs Python code in a fresh interpreter (a hang fails the test instead of CI)."""
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=cwd)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """How many generated request streams the differential tests checked."""
+    module = sys.modules.get("tests.integration.test_differential_cuda")
+    checked = getattr(module, "CHECKED", None)
+    if checked:
+        terminalreporter.section("allocator model vs c10: generated streams checked")
+        for setting, (streams, events) in checked.items():
+            terminalreporter.write_line(f"{setting}: {streams} streams, {events} events")

@@ -5,7 +5,9 @@
 #include <thread>
 #include <vector>
 
+#include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/util/flat_hash_map.h>
 
 #include "../pystack.h"
 #include "../writer.h"
@@ -49,6 +51,36 @@ void register_bindings(py::module_& m) {
         for (auto& th : pool) th.join();
       },
       py::call_guard<py::gil_scoped_release>());
+
+  // c10's hash map of memory pools (graph_pools_freeable's type), for the
+  // model's copy of its iteration order (allocator/hashmap.py). ops: (0, a, b)
+  // inserts pool (a, b), (1, a, b) erases it, (2, m, r) walks the map as
+  // release_cached_blocks does, erasing each pool whose hash % m == r. Returns
+  // the keys each walk visited, then the final order.
+  m.def("flat_hash_map_walks", [](const std::vector<std::tuple<int, uint64_t, uint64_t>>& ops) {
+    ska::flat_hash_map<c10::MempoolId_t, int, c10::MempoolIdHash> map;
+    std::vector<std::vector<c10::MempoolId_t>> walks;
+    for (const auto& [op, a, b] : ops) {
+      if (op == 0) {
+        map.insert({{a, b}, 0});
+      } else if (op == 1) {
+        map.erase(c10::MempoolId_t{a, b});
+      } else {
+        walks.emplace_back();
+        for (auto it = map.begin(); it != map.end();) {
+          walks.back().push_back(it->first);
+          if (c10::MempoolIdHash{}(it->first) % a == b) {
+            it = map.erase(it);
+          } else {
+            ++it;
+          }
+        }
+      }
+    }
+    walks.emplace_back();
+    for (const auto& kv : map) walks.back().push_back(kv.first);
+    return walks;
+  });
 
 #ifdef ALLOCSCOPE_WITH_CUDA
   py::class_<FakeBuffer>(m, "FakeBuffer")

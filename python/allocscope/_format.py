@@ -54,6 +54,11 @@ class EventKind(enum.IntEnum):
     EMPTY_CACHE = 9
     SET_FRACTION = 10
     SNAPSHOT = 11
+    # Private memory pools (CUDA graph captures, torch.cuda.MemPool)
+    POOL_BEGIN = 12
+    POOL_END = 13
+    POOL_RELEASE = 14
+    POOL_ALLOC = 15
     MARK = 16
     # Annotations written by allocscope.watch (docs/format.md, docs/attribution.md)
     MODULE_ENTER = 17

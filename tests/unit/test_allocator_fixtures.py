@@ -11,7 +11,8 @@ import pytest
 
 import allocscope
 from allocscope.allocator.config import parse_alloc_conf
-from allocscope.allocator.replay import recorded_reserved, replay
+from allocscope.allocator.recorded import recorded_reserved
+from allocscope.allocator.replay import replay
 
 from ..conftest import DATA
 

@@ -14,7 +14,8 @@ settings, smaller cards, ranked suggestions.
 from .config import AllocatorConfig, ConfigError, parse_alloc_conf, recorded_config
 from .fragmentation import figures, stranded
 from .model import DeviceAllocator, free_block_order
-from .replay import Fidelity, NotACudaCapture, OomRecord, Replay, deferred_frees, recorded_reserved, replay
+from .recorded import Fidelity, deferred_frees, recorded_reserved
+from .replay import NotACudaCapture, OomRecord, Replay, replay
 from .segments import BlockInfo, SegmentInfo, baseline_segments
 from .sizes import allocation_size, round_size, round_sizes
 from .state import segments

@@ -12,7 +12,10 @@ from typing import Callable
 from .sizes import ROUND_LARGE
 
 __all__ = ["SEGMENT_ALLOC", "SEGMENT_FREE", "SEGMENT_MAP", "SEGMENT_UNMAP", "AddressSource", "Block",
-           "BumpAddresses", "Pool", "Segment", "SegmentEvent", "SegmentListener"]
+           "BumpAddresses", "Pool", "PoolId", "PrivatePool", "Segment", "SegmentEvent", "SegmentListener"]
+
+# A memory pool's id as c10 spells it (MempoolId_t): (0, 0) is the shared pools.
+PoolId = tuple[int, int]
 
 SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP = "segment_alloc", "segment_free", "segment_map", "segment_unmap"
 
@@ -75,14 +78,33 @@ class Block:
 class Pool:
     """One pool (small or large; the shared one or a CUDA graph's private one)."""
 
-    __slots__ = ("small", "private", "free", "unmapped", "calls")
+    __slots__ = ("small", "owner", "free", "unmapped", "calls")
 
-    def __init__(self, small: bool, private: bool = False):
+    def __init__(self, small: bool, owner: "PrivatePool | None" = None):
         self.small = small
-        self.private = private
+        self.owner = owner  # the private pool it belongs to (None: the shared pools)
         self.free: dict[int, list[int]] = {}  # stream -> sorted keys of free mapped blocks
         self.unmapped: dict[int, list[int]] = {}  # stream -> sorted addresses of unmapped blocks
         self.calls = 0  # get_free_blocks_call_count (garbage collection ages)
+
+    @property
+    def private(self) -> bool:
+        return self.owner is not None
+
+
+class PrivatePool:
+    """c10's PrivatePool: the small and large pools of a CUDA graph capture
+    (or a torch.cuda.MemPool), the captures and pools that share it
+    (use_count) and its live segments (cudaMalloc_count). It is freed once no
+    capture uses it and its last segment is released."""
+
+    __slots__ = ("id", "small", "large", "use_count", "segments")
+
+    def __init__(self, pool_id: PoolId):
+        self.id = pool_id
+        self.small, self.large = Pool(True, self), Pool(False, self)
+        self.use_count = 1
+        self.segments = 0
 
 
 # Where new segments go: (kind, size) -> address. The replay asks the

@@ -59,7 +59,8 @@ class ExpandableSegments:
         total = self.total or (1 << 40)
         pages = -(-(total + total // 8) // page)
         addr = self._addresses(SEGMENT_MAP, pages * page)
-        seg = self.new_segment(addr, pages * page, stream, pool.small, True, page)
+        seg = self.new_segment(addr, pages * page, stream, pool.small, True, page,
+                               pool.owner.id if pool.owner is not None else (0, 0))
         c = Block(addr, pages * page, stream, pool, seg, mapped=False)
         self.insert_unmapped(c)
         return c
@@ -133,4 +134,6 @@ class ExpandableSegments:
         self.insert_unmapped(block)
         self.reserved -= u_size
         self.num_device_free += 1
+        if block.pool.owner is not None:
+            block.pool.owner.segments -= 1
         self._emit(SEGMENT_UNMAP, u_addr, u_size, block.stream)

@@ -21,20 +21,27 @@ c10/cuda/CUDACachingAllocator.cpp) decision for decision:
 - a block freed after use on another stream stays unusable until its
   recorded FREE_COMPLETED (or until a release synchronizes every stream).
 
-Not modelled: private pools of CUDA graph captures (their segments from the
-baseline are kept apart and never reused), FreeCudaMemoryCallbacks, memory
-pools with their own allocator.
+- private pools (CUDA graph captures, torch.cuda.MemPool): the requests a
+  capture routes to one (the replay is told which, from the recording), its
+  use count, and its release by release_cached_blocks once no capture uses
+  it; while a capture is underway a failing malloc does not release cached
+  blocks.
+
+Not modelled: FreeCudaMemoryCallbacks, memory pools with their own allocator.
 """
 
 from __future__ import annotations
 
 import bisect
+import copy
 import re
 
-from .blocks import (SEGMENT_ALLOC, SEGMENT_FREE, AddressSource, Block, BumpAddresses, Pool, Segment, SegmentEvent,
-                     SegmentListener)
+from .blocks import (SEGMENT_ALLOC, SEGMENT_FREE, AddressSource, Block, BumpAddresses, Pool, PoolId, PrivatePool,
+                     Segment, SegmentEvent, SegmentListener)
 from .config import AllocatorConfig
 from .expandable import ExpandableSegments
+from .hashmap import FlatHashMap, mempool_hash
+from .private_pools import PrivatePools
 from .sizes import MIN_BLOCK, SIZE_MAX, SMALL_SIZE, allocation_size, round_size
 
 __all__ = ["DeviceAllocator", "free_block_order"]
@@ -56,7 +63,7 @@ def free_block_order(torch_version: str | None) -> bool:
     return bool(m) and (int(m.group(1)), int(m.group(2))) >= (2, 12)
 
 
-class DeviceAllocator(ExpandableSegments):
+class DeviceAllocator(ExpandableSegments, PrivatePools):
     """One device's caching allocator. Replay drives it; its state is
     readable at any point (state.segments(), the counters)."""
 
@@ -74,7 +81,10 @@ class DeviceAllocator(ExpandableSegments):
         self.allowed: int | None = None  # set_per_process_memory_fraction's limit
         self._addresses = addresses or BumpAddresses(1 << 40)
         self.small, self.large = Pool(True), Pool(False)
-        self.private: dict[tuple[int, int], tuple[Pool, Pool]] = {}
+        self.private: dict[PoolId, PrivatePool] = {}
+        # No capture uses these: released when empty, in c10's hash-map order.
+        self.freeable: FlatHashMap[PoolId, PrivatePool] = FlatHashMap(mempool_hash)
+        self.captures: list[PoolId] = []  # captures underway (beginAllocateToPool)
         self.blocks: dict[int, Block] = {}  # mapped blocks by address
         self.unmapped: dict[int, Block] = {}
         self.pending: list[Block] = []
@@ -102,11 +112,16 @@ class DeviceAllocator(ExpandableSegments):
 
     # ---- the public operations (torch's malloc / free / emptyCache)
 
-    def malloc(self, orig_size: int, stream: int) -> Block | None:
+    def malloc(self, orig_size: int, stream: int, pool_id: PoolId | None = None) -> Block | None:
         """Allocates like DeviceCachingAllocator::malloc; None where it throws
-        OutOfMemoryError (unless self.force)."""
+        OutOfMemoryError (unless self.force). pool_id: the private pool a
+        capture routed the request to (None: the shared pools)."""
         size = round_size(orig_size, self._divisions)
-        pool = self.small if size <= SMALL_SIZE else self.large
+        owner = self.private_pool(pool_id) if pool_id is not None and pool_id != (0, 0) else None
+        if owner is not None:
+            pool = owner.small if size <= SMALL_SIZE else owner.large
+        else:
+            pool = self.small if size <= SMALL_SIZE else self.large
         alloc_size = allocation_size(size, self.config.large_segment_size)
         block = self._get_free_block(pool, stream, size)
         if block is None:
@@ -115,7 +130,7 @@ class DeviceAllocator(ExpandableSegments):
             block = self._alloc_block(pool, stream, size, alloc_size, False)
             if block is None and self._release_available_cached_blocks(pool, stream, size):
                 block = self._alloc_block(pool, stream, size, alloc_size, False)
-            if block is None:
+            if block is None and not self.captures:
                 self._release_cached_blocks()
                 block = self._alloc_block(pool, stream, size, alloc_size, True)
             if block is None:
@@ -150,6 +165,20 @@ class DeviceAllocator(ExpandableSegments):
 
     def empty_cache(self) -> None:
         self._release_cached_blocks()
+
+    def trial(self, ready: list[Block], size: int, stream: int, pool_id: PoolId | None = None) -> list[SegmentEvent]:
+        """The segment events malloc(size, stream) would make if the pending
+        blocks `ready` completed first: tried on a copy, this state is left
+        as it is."""
+        shared = {id(x): x for x in (self._addresses, self._on_segment_event)}
+        trial, blocks = copy.deepcopy((self, ready), shared)
+        events: list[SegmentEvent] = []
+        trial._on_segment_event = events.append
+        trial.force = False
+        for b in blocks:
+            trial.complete(b)
+        trial.malloc(size, stream, pool_id)
+        return events
 
     # ---- sizes
 
@@ -317,12 +346,18 @@ class DeviceAllocator(ExpandableSegments):
             self.num_alloc_retries += 1
         if self.allowed is not None and self.reserved + alloc_size > self.allowed:
             return None
-        if self.config.expandable_segments and not pool.private:
-            return self._alloc_expandable(pool, stream, size)
+        if self.config.expandable_segments:
+            block = self._alloc_expandable(pool, stream, size)
+            if block is not None and pool.owner is not None:
+                pool.owner.segments += 1
+            return block
         if not self._fits(alloc_size):
             return None  # cudaMalloc fails
         addr = self._addresses(SEGMENT_ALLOC, alloc_size)
-        seg = self.new_segment(addr, alloc_size, stream, pool.small)
+        if pool.owner is not None:
+            pool.owner.segments += 1
+        seg = self.new_segment(addr, alloc_size, stream, pool.small,
+                               pool_id=pool.owner.id if pool.owner is not None else (0, 0))
         block = Block(addr, alloc_size, stream, pool, seg)
         self.blocks[addr] = block
         self._grow(alloc_size)
@@ -333,6 +368,8 @@ class DeviceAllocator(ExpandableSegments):
         self._emit(SEGMENT_FREE, block.addr, block.size, block.stream)
         self.num_device_free += 1
         self.reserved -= block.size
+        if block.pool.owner is not None:
+            block.pool.owner.segments -= 1
         self._remove_free(block)
         del self.blocks[block.addr]
 
@@ -369,6 +406,7 @@ class DeviceAllocator(ExpandableSegments):
         self._synchronize_and_free_events()
         self._release_blocks(self.large)
         self._release_blocks(self.small)
+        self._release_freeable_pools()
 
     def _free_in_order(self, pool: Pool) -> list[Block]:
         """The pool's free blocks in torch's set order: (stream, size, [segment order,] address)."""
@@ -420,7 +458,8 @@ class DeviceAllocator(ExpandableSegments):
     def largest_free(self) -> int:
         """The largest cached free block (any pool, any stream)."""
         best = 0
-        for pool in (self.small, self.large):
+        pools = [self.small, self.large] + [p for owner in self.private.values() for p in (owner.small, owner.large)]
+        for pool in pools:
             for lst in pool.free.values():
                 if lst:
                     best = max(best, lst[-1] >> self._size_shift)

@@ -10,6 +10,7 @@ its final state must equal the end baseline's snapshot. With other settings
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from typing import Any, Iterable
 
@@ -17,18 +18,15 @@ import numpy as np
 
 from .._format import EventKind
 from ..reader import Capture
-from .blocks import SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP, Block, BumpAddresses, SegmentEvent
+from .blocks import SEGMENT_ALLOC, Block, BumpAddresses
 from .config import AllocatorConfig, recorded_config
 from .model import DeviceAllocator, free_block_order
-from .segments import SegmentInfo, baseline_reserved, baseline_segments, pending_blocks
+from .recorded import KIND_NAMES, Fidelity, SegmentChecker, deferred_frees, recorded_fraction, recorded_reserved
+from .segments import SegmentInfo, baseline_segments
 from .sizes import round_size
 from .state import compare_snapshot, load_segments, segments
 
-__all__ = ["Fidelity", "NotACudaCapture", "OomRecord", "Replay", "deferred_frees", "recorded_reserved", "replay",
-           "request_at"]
-
-_KIND_NAMES = {int(EventKind.SEGMENT_ALLOC): SEGMENT_ALLOC, int(EventKind.SEGMENT_FREE): SEGMENT_FREE,
-               int(EventKind.SEGMENT_MAP): SEGMENT_MAP, int(EventKind.SEGMENT_UNMAP): SEGMENT_UNMAP}
+__all__ = ["NotACudaCapture", "OomRecord", "Replay", "replay"]
 
 
 class NotACudaCapture(ValueError):
@@ -56,29 +54,6 @@ class OomRecord:
         d = dataclasses.asdict(self)
         d.pop("segments")
         return d
-
-
-@dataclasses.dataclass
-class Fidelity:
-    """How closely a replay with the recorded settings followed the recording."""
-
-    recorded_segment_events: int
-    simulated_segment_events: int
-    matched: int  # leading segment events that agree in kind, address and size
-    first_mismatch: dict[str, Any] | None
-    allocations: int
-    address_mismatches: int  # blocks handed out at another address than recorded
-    end_snapshot: dict[str, Any] | None  # compare_snapshot() with the end baseline (None: not compared)
-    checked_until: int = -1  # the last event replayed (replay(stop_after=...) stops early)
-
-    @property
-    def exact(self) -> bool:
-        snap_ok = self.end_snapshot is None or self.end_snapshot["equal"]
-        return (self.first_mismatch is None and self.matched == self.recorded_segment_events
-                and self.address_mismatches == 0 and snap_ok)
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self) | {"exact": self.exact}
 
 
 @dataclasses.dataclass
@@ -132,60 +107,6 @@ def _device_info(base: dict[str, Any] | None, metadata: dict[str, Any]) -> dict[
     return info
 
 
-def deferred_frees(cap: Capture) -> np.ndarray:
-    """Per event: a FREE whose block stayed busy until a later FREE_COMPLETED,
-    or until the end of the recording (the end baseline shows it pending)."""
-    ev = cap.events
-    pending_at_end = pending_blocks(cap.baseline("end"))
-    k = ev.kind
-    idx = np.flatnonzero((k == EventKind.ALLOC) | (k == EventKind.FREE) | (k == EventKind.FREE_COMPLETED))
-    order = idx[np.lexsort((ev.seq[idx], ev.addr[idx]))]
-    out = np.zeros(len(ev), bool)
-    if len(order) > 1:
-        a, kk = ev.addr[order], k[order]
-        hit = (kk[:-1] == EventKind.FREE) & (kk[1:] == EventKind.FREE_COMPLETED) & (a[:-1] == a[1:])
-        out[order[:-1][hit]] = True
-    if len(order) and pending_at_end:
-        # the last event at each address: a FREE of a block still pending at the end
-        last = np.append(ev.addr[order][1:] != ev.addr[order][:-1], True)
-        tail = order[last & (k[order] == EventKind.FREE)]
-        out[tail[np.isin(ev.addr[tail], np.fromiter(pending_at_end, np.uint64, len(pending_at_end)))]] = True
-    return out
-
-
-class _Checker:
-    """Compares a device's segment events with the recorded ones as they
-    happen, and tells the model the recorded address of each new segment."""
-
-    def __init__(self, recorded: list[tuple[int, str, int, int]], enabled: bool, synthetic: BumpAddresses):
-        self.recorded = recorded  # (event index, kind, addr, size)
-        self.enabled = enabled
-        self.j = 0
-        self.first_mismatch: dict[str, Any] | None = None
-        self.synthetic = synthetic
-
-    def address(self, kind: str, size: int) -> int:
-        if self.enabled and self.first_mismatch is None and self.j < len(self.recorded):
-            _, rkind, raddr, rsize = self.recorded[self.j]
-            if rkind == kind and (kind != SEGMENT_ALLOC or rsize == size):
-                return raddr
-        return self.synthetic(kind, size)
-
-    def check(self, e: SegmentEvent) -> None:
-        if not self.enabled or self.first_mismatch is not None:
-            return
-        if self.j < len(self.recorded):
-            ri, rkind, raddr, rsize = self.recorded[self.j]
-            if (rkind, raddr, rsize) == (e.kind, e.addr, e.size):
-                self.j += 1
-                return
-            rec = {"event": ri, "kind": rkind, "addr": raddr, "size": rsize}
-        else:
-            rec = None
-        self.first_mismatch = {"position": self.j, "recorded": rec,
-                               "simulated": {"event": e.request, "kind": e.kind, "addr": e.addr, "size": e.size}}
-
-
 def replay(cap: Capture, config: AllocatorConfig | None = None, *, limit: int | None = None,
            states_at: Iterable[int] = (), stop_after: int | None = None) -> Replay:
     """Replays the capture's requests. config None: the recorded settings
@@ -201,8 +122,11 @@ def replay(cap: Capture, config: AllocatorConfig | None = None, *, limit: int | 
 
 _ALLOC, _FREE, _DONE = int(EventKind.ALLOC), int(EventKind.FREE), int(EventKind.FREE_COMPLETED)
 _OOM, _EMPTY, _FRACTION = int(EventKind.OOM), int(EventKind.EMPTY_CACHE), int(EventKind.SET_FRACTION)
+_POOL_BEGIN, _POOL_END = int(EventKind.POOL_BEGIN), int(EventKind.POOL_END)
+_POOL_RELEASE, _POOL_ALLOC = int(EventKind.POOL_RELEASE), int(EventKind.POOL_ALLOC)
 _REQUESTS = (EventKind.ALLOC, EventKind.FREE, EventKind.FREE_COMPLETED, EventKind.OOM, EventKind.EMPTY_CACHE,
-             EventKind.SET_FRACTION)
+             EventKind.SET_FRACTION, EventKind.POOL_BEGIN, EventKind.POOL_END, EventKind.POOL_RELEASE,
+             EventKind.POOL_ALLOC)
 
 
 class _Run:
@@ -226,7 +150,7 @@ class _Run:
         for i, k, a, s, st in zip(self.seg_idx.tolist(), ev.kind[self.seg_idx].tolist(),
                                   ev.addr[self.seg_idx].tolist(), ev.size[self.seg_idx].tolist(),
                                   ev.stream[self.seg_idx].tolist(), strict=True):
-            self.recorded_segments.setdefault(int(self.stream_dev[st]), []).append((i, _KIND_NAMES[k], a, s))
+            self.recorded_segments.setdefault(int(self.stream_dev[st]), []).append((i, KIND_NAMES[k], a, s))
         start = baseline_segments(base)
         # Segments no recording placed go far above every recorded address.
         high = max([s.address + s.total_size for s in start]
@@ -235,10 +159,12 @@ class _Run:
         max_total = max([v.get("total", 0) for v in self.info.values()] + [1 << 40])
         self.synthetic = BumpAddresses(((high + 2 * max_total) >> 30) + 1 << 30)
         self.devices: dict[int, DeviceAllocator] = {}
-        self.checkers: dict[int, _Checker] = {}
+        self.checkers: dict[int, SegmentChecker] = {}
         self.live: dict[int, tuple[DeviceAllocator, Block]] = {}
         self.pending: dict[int, tuple[DeviceAllocator, Block]] = {}
         self.deferred = deferred_frees(cap)  # per event: a FREE that waits for another stream
+        self.ready: list[tuple[int, int]] = []  # FREE_COMPLETED (event, address) awaiting the next request
+        self.routed: dict[int, tuple[int, int]] = {}  # POOL_ALLOC: address -> the private pool of its ALLOC
         self.ooms: list[OomRecord] = []
         self.avoided: list[int] = []  # recorded OOM requests the model could serve
         self.allocs = self.address_mismatches = 0
@@ -260,7 +186,7 @@ class _Run:
             capacity = int(meta["free"]) + int(meta.get("reserved", 0))
         else:
             capacity = None
-        checker = self.checkers[d] = _Checker(self.recorded_segments.get(d, []), self.faithful, self.synthetic)
+        checker = self.checkers[d] = SegmentChecker(self.recorded_segments.get(d, []), self.faithful, self.synthetic)
         dev = DeviceAllocator(self.cfg, device=d, total=self.limit if self.limit is not None else total,
                               capacity=capacity, addresses=checker.address, segment_order=self.segment_order,
                               on_segment_event=checker.check)
@@ -334,28 +260,20 @@ class _Run:
             while t_ptr < len(targets) and targets[t_ptr] < i:
                 states[targets[t_ptr]] = self.snapshot()
                 t_ptr += 1
-            if k == _ALLOC:
-                self._alloc(i, addr, size, st)
-            elif k == _FREE:
-                unknown_frees += not self._free(i, addr)
-            elif k == _DONE:
-                held = self.pending.pop(addr, None)
-                if held is not None:
-                    held[0].request = i
-                    held[0].complete(held[1])
-            elif k == _OOM:
-                self._oom(i, size or block, st)
-            elif k == _EMPTY:
-                if arg == 0:
-                    for dev in self.devices.values():
-                        dev.request = i
-                        dev.empty_cache()
-            elif k == _FRACTION:
-                d = int(self.stream_dev[st])
-                if d >= 0:
-                    self.device(d).set_fraction(arg / 1e9)
+            if k == _DONE:
+                # c10 completes deferred frees inside the next malloc: when
+                # exactly is _process_events' call.
+                self.ready.append((i, addr))
+            elif k == _POOL_ALLOC:
+                self.routed[addr] = (arg, block)  # the next ALLOC at addr (OOM: 0)
+            else:
+                if self.ready:
+                    self._process_events(i, k, size or block if k == _OOM else size, st)
+                unknown_frees += not self._request(i, k, addr, size, block, st, arg)
+                self._complete(i, self.ready)  # what the request left pending, c10 completed in it
             after.append(self.totals())
             replayed.append(i)
+        self._complete(len(ev), self.ready)
         # Position p (after event p - 1) takes the totals of the last replayed event before it.
         which = np.zeros(n + 1, np.int64)
         which[np.array(replayed, np.int64) + 1] = np.arange(1, len(replayed) + 1)
@@ -371,6 +289,87 @@ class _Run:
         return Replay(self.cfg, self.faithful, self.limit, self.devices, reserved, allocated, active, largest,
                       self.ooms, self.avoided, states, self._fidelity(until), self.warnings, until)
 
+    def _request(self, i: int, k: int, addr: int, size: int, block: int, st: int, arg: int) -> bool:
+        """Replays one request; False: a free of memory the replay does not know."""
+        if k == _ALLOC:
+            self._alloc(i, addr, size, st)
+        elif k == _FREE:
+            return self._free(i, addr)
+        elif k == _OOM:
+            self._oom(i, size or block, st)
+        elif k == _EMPTY:
+            if arg == 0 and block == 0:  # a private pool's own empty_cache is not modelled
+                for dev in self.devices.values():
+                    dev.request = i
+                    dev.empty_cache()
+        else:
+            d = int(self.stream_dev[st])
+            if d < 0:
+                return True
+            dev = self.device(d)
+            if k == _FRACTION:
+                dev.set_fraction(recorded_fraction(arg, block))
+            elif k == _POOL_BEGIN:
+                dev.begin_pool((arg, block), capture=addr != 1)
+            elif k == _POOL_END:
+                dev.end_pool((arg, block))
+            elif k == _POOL_RELEASE:
+                dev.request = i
+                dev.release_pool((arg, block))
+        return True
+
+    def _complete(self, i: int, ready: list[tuple[int, int]]) -> None:
+        for _, addr in ready:
+            held = self.pending.pop(addr, None)
+            if held is not None:
+                held[0].request = i
+                held[0].complete(held[1])
+        ready.clear()
+
+    def _process_events(self, i: int, k: int, size: int, st: int) -> None:
+        """Completes the deferred frees recorded just before request i that
+        c10 found complete when its malloc began (process_events). The others
+        it completed later in the same malloc, when it gave up on its cached
+        blocks and synchronized every event (synchronize_and_free_events):
+        those are the completions recorded after one of the malloc's segment
+        events, and those whose early completion would not have produced the
+        malloc's recorded segment events (tried on a copy of the model).
+        They stay pending here until the model's own release completes them."""
+        if k not in (_ALLOC, _OOM):
+            self._complete(i, self.ready)
+            return
+        d = int(self.stream_dev[st])
+        first = self._first_segment_event(d, self.ready[0][0], i)
+        early = [r for r in self.ready if r[0] < first]
+        dev = self.devices.get(d)
+        if early and dev is not None and (k == _OOM or first < i):
+            blocks = [self.pending[a][1] for _, a in early if a in self.pending]
+            route = self.routed.get(0 if k == _OOM else self._addr_of(i))
+            made = dev.trial(blocks, size, self.stream_handle[st], route) if blocks else []
+            mine = self.recorded_segments.get(d, [])
+            lo = bisect.bisect_left(mine, (first,))
+            hi = bisect.bisect_left(mine, (i,))
+            recorded = [(kind, a, n) for _, kind, a, n in mine[lo:hi]]
+            if [(e.kind, e.addr if e.kind != SEGMENT_ALLOC else 0, e.size) for e in made] != \
+                    [(kind, a if kind != SEGMENT_ALLOC else 0, n) for kind, a, n in recorded]:
+                early = []
+        self._complete(i, early)
+        self.ready = [r for r in self.ready if r[0] >= first]
+
+    def _addr_of(self, i: int) -> int:
+        return int(self.cap.events.addr[i])
+
+    def _first_segment_event(self, d: int, lo: int, hi: int) -> int:
+        """The index of device d's first recorded segment event between lo and
+        hi, or hi."""
+        seg = self.seg_idx
+        j = int(np.searchsorted(seg, lo))
+        while j < len(seg) and seg[j] < hi:
+            if int(self.stream_dev[self.cap.events.stream[seg[j]]]) == d:
+                return int(seg[j])
+            j += 1
+        return hi
+
     def _alloc(self, i: int, addr: int, size: int, st: int) -> None:
         d = int(self.stream_dev[st])
         if d < 0:
@@ -382,7 +381,7 @@ class _Run:
         dev.request = i
         dev.force = True
         before = dev.num_ooms
-        b = dev.malloc(size, self.stream_handle[st])
+        b = dev.malloc(size, self.stream_handle[st], self.routed.pop(addr, None))
         dev.force = False
         assert b is not None
         if dev.num_ooms > before:
@@ -412,7 +411,7 @@ class _Run:
             return
         dev = self.device(d)
         dev.request = i
-        b = dev.malloc(want, self.stream_handle[st])
+        b = dev.malloc(want, self.stream_handle[st], self.routed.pop(0, None))
         if b is None:
             self.ooms.append(_oom_record(dev, i, want, self.stream_handle[st], True, self.ooms))
         else:
@@ -433,32 +432,6 @@ class _Run:
             address_mismatches=self.address_mismatches,
             end_snapshot=compare_snapshot(self.snapshot(), baseline_segments(end)) if end and until == n - 1 else None,
             checked_until=until)
-
-
-def recorded_reserved(cap: Capture, device: int | None = None) -> np.ndarray:
-    """Bytes the caching allocator held after each event (index e + 1; 0 is
-    the start), from the start baseline and the recorded segment events."""
-    ev = cap.events
-    sign = np.zeros(len(ev), np.int64)
-    sign[(ev.kind == EventKind.SEGMENT_ALLOC) | (ev.kind == EventKind.SEGMENT_MAP)] = 1
-    sign[(ev.kind == EventKind.SEGMENT_FREE) | (ev.kind == EventKind.SEGMENT_UNMAP)] = -1
-    if device is not None:
-        stream_dev = np.array([s.device for s in cap.streams] or [-2], np.int64)
-        sign[stream_dev[ev.stream] != device] = 0
-    out = np.zeros(len(ev) + 1, np.int64)
-    out[0] = baseline_reserved(cap.baseline("start"), device)
-    out[1:] = out[0] + np.cumsum(sign * ev.size.astype(np.int64))
-    return out
-
-
-def request_at(cap: Capture, e: int) -> int:
-    """The event whose replay produced event e: a recorded segment event
-    belongs to the allocation (or OOM) after it; any other event to itself."""
-    ev = cap.events
-    if e < 0 or not (EventKind.SEGMENT_ALLOC <= int(ev.kind[e]) <= EventKind.SEGMENT_UNMAP):
-        return e
-    later = np.flatnonzero((ev.kind[e:] == EventKind.ALLOC) | (ev.kind[e:] == EventKind.OOM))
-    return e + int(later[0]) if len(later) else e
 
 
 def _oom_record(dev: DeviceAllocator, i: int, size: int, stream: int, recorded: bool,

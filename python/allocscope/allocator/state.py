@@ -50,26 +50,26 @@ def load_segments(dev: DeviceAllocator, segments: list[SegmentInfo]) -> dict[int
     """Sets the state from a baseline's segments (segments.baseline_segments);
     returns the allocated blocks by address."""
     live: dict[int, Block] = {}
-    expandable: dict[tuple[int, bool], list[SegmentInfo]] = {}
+    expandable: dict[tuple[Pool, int], list[SegmentInfo]] = {}
     for s in sorted(segments, key=lambda s: s.address):
         if s.is_expandable:
-            expandable.setdefault((s.stream, not s.is_large), []).append(s)
+            expandable.setdefault((_pool_for(dev, s), s.stream), []).append(s)
             continue
         pool = _pool_for(dev, s)
         # A baseline does not say in which order its segments were created:
         # address order stands in for it (a real card's addresses mostly ascend).
         seg = dev.new_segment(s.address, s.total_size, s.stream, pool.small, pool_id=s.pool)
         _load_blocks(dev, s, seg, pool, live, None)
-    for (stream, small), ranges in expandable.items():
-        _load_expandable(dev, stream, small, ranges, live)
+    for (pool, stream), ranges in expandable.items():
+        _load_expandable(dev, stream, pool, ranges, live)
     return live
 
 
-def _load_expandable(dev: DeviceAllocator, stream: int, small: bool, ranges: list[SegmentInfo],
+def _load_expandable(dev: DeviceAllocator, stream: int, pool: Pool, ranges: list[SegmentInfo],
                      live: dict[int, Block]) -> None:
     """The mapped ranges of one stream's expandable segment of one pool, the
     unmapped gaps between them rebuilt."""
-    pool = dev.small if small else dev.large
+    small = pool.small
     page = SMALL_BUFFER if small else dev.config.large_segment_size
     total = dev.total or (1 << 40)
     va = -(-(total + total // 8) // page) * page
@@ -78,7 +78,7 @@ def _load_expandable(dev: DeviceAllocator, stream: int, small: bool, ranges: lis
     for s in ranges:
         if seg is None or s.address >= seg.addr + seg.size:
             _close_expandable(dev, seg, tail)
-            seg, tail = dev.new_segment(s.address, va, stream, small, True, page), None
+            seg, tail = dev.new_segment(s.address, va, stream, small, True, page, s.pool), None
         if tail is not None and tail.addr + tail.size < s.address:  # an unmapped gap
             gap = Block(tail.addr + tail.size, s.address - tail.addr - tail.size, stream, pool, seg, False)
             gap.prev, tail.next = tail, gap
@@ -106,8 +106,9 @@ def _close_expandable(dev: DeviceAllocator, seg: Segment | None, tail: Block | N
 def _pool_for(dev: DeviceAllocator, s: SegmentInfo) -> Pool:
     if s.pool == (0, 0):
         return dev.small if not s.is_large else dev.large
-    pools = dev.private.setdefault(s.pool, (Pool(True, True), Pool(False, True)))
-    return pools[1] if s.is_large else pools[0]
+    owner = dev.private_pool(s.pool)
+    owner.segments += 1
+    return owner.large if s.is_large else owner.small
 
 
 def _load_blocks(dev: DeviceAllocator, s: SegmentInfo, seg: Segment, pool: Pool, live: dict[int, Block],

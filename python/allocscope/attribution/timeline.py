@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..allocator.replay import recorded_reserved
+from ..allocator.recorded import recorded_reserved
 from ..reader import Capture
 from ..stacks import site
 from .categories import CATEGORIES, Attribution

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from .. import _format as F
-from ..allocator.replay import deferred_frees
+from ..allocator.recorded import deferred_frees
 from ..allocator.segments import ALLOCATED, INACTIVE, PENDING_FREE, baseline_segments
 from ..attribution.lifetimes import lifetimes
 from ..reader import Capture, StreamInfo

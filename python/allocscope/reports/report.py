@@ -11,7 +11,8 @@ import numpy as np
 
 from .._format import EventKind
 from .._units import format_bytes
-from ..allocator.replay import Replay, replay, request_at
+from ..allocator.recorded import request_at
+from ..allocator.replay import Replay, replay
 from ..attribution.categories import Attribution, attribute
 from ..attribution.estimate import theory, waterfall
 from ..attribution.timeline import Timeline, category_timeline, iterations, moment, sites, timeline

@@ -10,7 +10,8 @@ from typing import Any
 
 from .._units import format_bytes
 from ..allocator.config import AllocatorConfig, recorded_config
-from ..allocator.replay import recorded_reserved, replay
+from ..allocator.recorded import recorded_reserved
+from ..allocator.replay import replay
 from ..allocator.whatif import outcome, suggest
 from ..reader import Capture
 

@@ -1,0 +1,65 @@
+"""Private memory pools (CUDA graph captures, torch.cuda.MemPool), the part
+of DeviceAllocator that follows c10's PrivatePool: a capture routes its
+requests to its pool (beginAllocateToPool ... endAllocateToPool), graphs and
+pools that share it count as its users, and once the last user is gone
+(releasePool) release_cached_blocks frees its unsplit blocks and, when its
+last segment is gone, the pool itself.
+
+A mixin of DeviceAllocator (model.py), like expandable.py.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .blocks import PoolId, PrivatePool
+
+if TYPE_CHECKING:
+    from .model import DeviceAllocator
+
+__all__ = ["PrivatePools"]
+
+
+class PrivatePools:
+    """Making, using and releasing private pools."""
+
+    def private_pool(self: DeviceAllocator, pool_id: PoolId) -> PrivatePool:
+        """The private pool of that id (made, with one user, if it is new)."""
+        owner = self.private.get(pool_id)
+        if owner is None:
+            owner = self.private[pool_id] = PrivatePool(pool_id)
+        return owner
+
+    def begin_pool(self: DeviceAllocator, pool_id: PoolId, capture: bool = True) -> None:
+        """A capture (or a MemPool, capture=False) starts using a pool."""
+        owner = self.private.get(pool_id)
+        if owner is None:
+            self.private_pool(pool_id)
+        else:
+            owner.use_count += 1
+        if capture:
+            self.captures.append(pool_id)
+
+    def end_pool(self: DeviceAllocator, pool_id: PoolId) -> None:
+        if pool_id in self.captures:
+            self.captures.remove(pool_id)
+
+    def release_pool(self: DeviceAllocator, pool_id: PoolId) -> None:
+        """A graph (or MemPool) that used the pool is gone; with its last user
+        gone, release_cached_blocks frees the pool's unsplit blocks."""
+        owner = self.private.get(pool_id)
+        if owner is None:
+            return
+        owner.use_count -= 1
+        if owner.use_count <= 0:
+            self.freeable[pool_id] = owner
+
+    def _release_freeable_pools(self: DeviceAllocator) -> None:
+        """release_cached_blocks' last step: the unsplit blocks of every pool
+        no capture uses, in the order of c10's hash map of them."""
+        for pool_id, owner in self.freeable.visit():
+            self._release_blocks(owner.small)
+            self._release_blocks(owner.large)
+            if owner.segments <= 0:
+                del self.private[pool_id]
+                self.freeable.erase_current()

@@ -1,0 +1,135 @@
+"""What a CUDA capture recorded of the caching allocator, as the replay
+reads it: the bytes it held after each event (recorded_reserved), the frees
+that waited for another stream (deferred_frees), the request behind a
+segment event (request_at), exact memory fractions (recorded_fraction), and
+the check of a replay's segment events against the recorded ones
+(SegmentChecker, summed up in Fidelity).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+from typing import Any
+
+import numpy as np
+
+from .._format import EventKind
+from ..reader import Capture
+from .blocks import SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP, BumpAddresses, SegmentEvent
+from .segments import baseline_reserved, pending_blocks
+
+__all__ = ["KIND_NAMES", "Fidelity", "SegmentChecker", "deferred_frees", "recorded_fraction", "recorded_reserved",
+           "request_at"]
+
+KIND_NAMES = {int(EventKind.SEGMENT_ALLOC): SEGMENT_ALLOC, int(EventKind.SEGMENT_FREE): SEGMENT_FREE,
+               int(EventKind.SEGMENT_MAP): SEGMENT_MAP, int(EventKind.SEGMENT_UNMAP): SEGMENT_UNMAP}
+
+
+@dataclasses.dataclass
+class Fidelity:
+    """How closely a replay with the recorded settings followed the recording."""
+
+    recorded_segment_events: int
+    simulated_segment_events: int
+    matched: int  # leading segment events that agree in kind, address and size
+    first_mismatch: dict[str, Any] | None
+    allocations: int
+    address_mismatches: int  # blocks handed out at another address than recorded
+    end_snapshot: dict[str, Any] | None  # compare_snapshot() with the end baseline (None: not compared)
+    checked_until: int = -1  # the last event replayed (replay(stop_after=...) stops early)
+
+    @property
+    def exact(self) -> bool:
+        snap_ok = self.end_snapshot is None or self.end_snapshot["equal"]
+        return (self.first_mismatch is None and self.matched == self.recorded_segment_events
+                and self.address_mismatches == 0 and snap_ok)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self) | {"exact": self.exact}
+
+
+def deferred_frees(cap: Capture) -> np.ndarray:
+    """Per event: a FREE whose block stayed busy until a later FREE_COMPLETED,
+    or until the end of the recording (the end baseline shows it pending)."""
+    ev = cap.events
+    pending_at_end = pending_blocks(cap.baseline("end"))
+    k = ev.kind
+    idx = np.flatnonzero((k == EventKind.ALLOC) | (k == EventKind.FREE) | (k == EventKind.FREE_COMPLETED))
+    order = idx[np.lexsort((ev.seq[idx], ev.addr[idx]))]
+    out = np.zeros(len(ev), bool)
+    if len(order) > 1:
+        a, kk = ev.addr[order], k[order]
+        hit = (kk[:-1] == EventKind.FREE) & (kk[1:] == EventKind.FREE_COMPLETED) & (a[:-1] == a[1:])
+        out[order[:-1][hit]] = True
+    if len(order) and pending_at_end:
+        # the last event at each address: a FREE of a block still pending at the end
+        last = np.append(ev.addr[order][1:] != ev.addr[order][:-1], True)
+        tail = order[last & (k[order] == EventKind.FREE)]
+        out[tail[np.isin(ev.addr[tail], np.fromiter(pending_at_end, np.uint64, len(pending_at_end)))]] = True
+    return out
+
+
+class SegmentChecker:
+    """Compares a device's segment events with the recorded ones as they
+    happen, and tells the model the recorded address of each new segment."""
+
+    def __init__(self, recorded: list[tuple[int, str, int, int]], enabled: bool, synthetic: BumpAddresses):
+        self.recorded = recorded  # (event index, kind, addr, size)
+        self.enabled = enabled
+        self.j = 0
+        self.first_mismatch: dict[str, Any] | None = None
+        self.synthetic = synthetic
+
+    def address(self, kind: str, size: int) -> int:
+        if self.enabled and self.first_mismatch is None and self.j < len(self.recorded):
+            _, rkind, raddr, rsize = self.recorded[self.j]
+            if rkind == kind and (kind != SEGMENT_ALLOC or rsize == size):
+                return raddr
+        return self.synthetic(kind, size)
+
+    def check(self, e: SegmentEvent) -> None:
+        if not self.enabled or self.first_mismatch is not None:
+            return
+        if self.j < len(self.recorded):
+            ri, rkind, raddr, rsize = self.recorded[self.j]
+            if (rkind, raddr, rsize) == (e.kind, e.addr, e.size):
+                self.j += 1
+                return
+            rec = {"event": ri, "kind": rkind, "addr": raddr, "size": rsize}
+        else:
+            rec = None
+        self.first_mismatch = {"position": self.j, "recorded": rec,
+                               "simulated": {"event": e.request, "kind": e.kind, "addr": e.addr, "size": e.size}}
+
+
+def recorded_fraction(arg: int, block: int) -> float:
+    """A SET_FRACTION event's fraction: exact from its bits (block), or to 9
+    digits from arg (files written before the bits were recorded)."""
+    return struct.unpack("<d", struct.pack("<Q", block))[0] if block else arg / 1e9
+
+
+def recorded_reserved(cap: Capture, device: int | None = None) -> np.ndarray:
+    """Bytes the caching allocator held after each event (index e + 1; 0 is
+    the start), from the start baseline and the recorded segment events."""
+    ev = cap.events
+    sign = np.zeros(len(ev), np.int64)
+    sign[(ev.kind == EventKind.SEGMENT_ALLOC) | (ev.kind == EventKind.SEGMENT_MAP)] = 1
+    sign[(ev.kind == EventKind.SEGMENT_FREE) | (ev.kind == EventKind.SEGMENT_UNMAP)] = -1
+    if device is not None:
+        stream_dev = np.array([s.device for s in cap.streams] or [-2], np.int64)
+        sign[stream_dev[ev.stream] != device] = 0
+    out = np.zeros(len(ev) + 1, np.int64)
+    out[0] = baseline_reserved(cap.baseline("start"), device)
+    out[1:] = out[0] + np.cumsum(sign * ev.size.astype(np.int64))
+    return out
+
+
+def request_at(cap: Capture, e: int) -> int:
+    """The event whose replay produced event e: a recorded segment event
+    belongs to the allocation (or OOM) after it; any other event to itself."""
+    ev = cap.events
+    if e < 0 or not (EventKind.SEGMENT_ALLOC <= int(ev.kind[e]) <= EventKind.SEGMENT_UNMAP):
+        return e
+    later = np.flatnonzero((ev.kind[e:] == EventKind.ALLOC) | (ev.kind[e:] == EventKind.OOM))
+    return e + int(later[0]) if len(later) else e

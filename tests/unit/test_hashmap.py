@@ -1,0 +1,55 @@
+"""allocscope's copy of ska::flat_hash_map's iteration order (the order in
+which c10 releases freeable private pools) against c10's own map, compiled
+into the test harness, on random insertions, erasures and erasing walks."""
+
+import pytest
+
+from allocscope.allocator.hashmap import FlatHashMap, mempool_hash
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+key = st.one_of(st.tuples(st.integers(1, 64), st.just(0)), st.tuples(st.just(0), st.integers(1, 64)),
+                st.tuples(st.integers(1, 1 << 40), st.just(0)))
+op = st.one_of(st.tuples(st.just(0), key).map(lambda t: (0, *t[1])),
+               st.tuples(st.just(0), key).map(lambda t: (0, *t[1])),
+               st.tuples(st.just(1), key).map(lambda t: (1, *t[1])),
+               st.tuples(st.just(2), st.integers(1, 3), st.integers(0, 2)).map(lambda t: (2, t[1], t[2] % t[1])))
+
+
+def model_walks(ops):
+    m = FlatHashMap(mempool_hash)
+    walks = []
+    for kind, a, b in ops:
+        if kind == 0:
+            if (a, b) not in m:
+                m[(a, b)] = 0
+        elif kind == 1:
+            if (a, b) in m:
+                del m[(a, b)]
+        else:
+            walks.append([])
+            for k, _ in m.visit():
+                walks[-1].append(k)
+                if mempool_hash(k) % a == b:
+                    m.erase_current()
+    walks.append(list(m))
+    return walks
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(st.lists(op, max_size=80))
+def test_iteration_order_is_c10s(native, ops):
+    assert model_walks(ops) == [[tuple(k) for k in w] for w in native._testing.flat_hash_map_walks(ops)]
+
+
+def test_a_map_behaves_as_a_dict():
+    m = FlatHashMap(mempool_hash)
+    for i in range(1, 40):
+        m[(i, 0)] = i
+    for i in range(1, 40, 3):
+        del m[(i, 0)]
+    assert sorted(m) == sorted((i, 0) for i in range(1, 40) if (i - 1) % 3)
+    assert all(m[k] == k[0] for k in m) and len(m) == 26
+    with pytest.raises(KeyError):
+        m[(1, 0)]
