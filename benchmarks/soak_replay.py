@@ -46,7 +46,7 @@ def _programs(setting: str, n: int, seed: int) -> list:
     @hseed(seed)
     @settings(max_examples=n, deadline=None, database=None, suppress_health_check=list(HealthCheck),
               phases=[Phase.generate])
-    @given(programs(setting, min_ops=40, max_ops=200))
+    @given(programs(setting, min_ops=20, max_ops=120))
     def collect(p):
         out.append(p)
 

@@ -4,10 +4,41 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/util/Exception.h>
 
+#include <map>
+#include <mutex>
+#include <shared_mutex>
+#include <tuple>
+#include <utility>
+
 #include "clock.h"
 #include "cuda_allocator.h"
 #include "json.h"
 #include "recorder.h"
+#include "torch_version.h"
+
+// torch keeps one cuBLAS and one cuBLASLt workspace per (handle, stream), in
+// maps that ATen/cuda/CUDAContextLight.h declares. That header pulls in the
+// headers of cuBLAS, cuSPARSE, cuSOLVER and cuDSS, which a build from torch's
+// wheels does not have, so the two accessors and the map's layout, as the
+// torch versions we know define them, are declared here. Versions whose
+// layout we have not read (2.12, 2.13) report no workspaces.
+#define ALLOCSCOPE_WORKSPACE_MAPS (ALLOCSCOPE_TORCH_AT_LEAST(2, 14) || !ALLOCSCOPE_TORCH_AT_LEAST(2, 12))
+#if ALLOCSCOPE_WORKSPACE_MAPS
+namespace at::cuda {
+struct WorkspaceMapWithMutex {
+#if ALLOCSCOPE_TORCH_AT_LEAST(2, 14)
+  std::map<std::tuple<void*, void*>, std::pair<c10::DataPtr, size_t>> map;
+#else
+  std::map<std::tuple<void*, void*>, c10::DataPtr> map;
+#endif
+  std::shared_mutex mutex;
+};
+WorkspaceMapWithMutex& cublas_handle_stream_to_workspace();
+WorkspaceMapWithMutex& cublaslt_handle_stream_to_workspace();
+size_t getChosenWorkspaceSize();
+size_t getCUDABlasLtWorkspaceSize();
+}  // namespace at::cuda
+#endif
 
 namespace allocscope::cuda {
 namespace {
@@ -18,6 +49,42 @@ using c10::CachingDeviceAllocator::DeviceStats;
 void write_stat(JsonWriter& j, const char* name, const c10::CachingAllocator::StatArray& stat) {
   const auto& s = stat[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
   j.key(name).begin_object().field("current", s.current).field("peak", s.peak).end_object();
+}
+
+#if ALLOCSCOPE_WORKSPACE_MAPS
+// default_size: the workspace size for versions whose map does not keep it
+// (it reads the device's properties: called only if there is a workspace).
+void write_workspaces(JsonWriter& j, const char* library, at::cuda::WorkspaceMapWithMutex& m,
+                      size_t (*default_size)()) {
+  std::shared_lock<std::shared_mutex> lock(m.mutex);
+  for (const auto& [key, value] : m.map) {
+#if ALLOCSCOPE_TORCH_AT_LEAST(2, 14)
+    const c10::DataPtr& ptr = value.first;
+    size_t size = value.second;
+    (void)default_size;
+#else
+    const c10::DataPtr& ptr = value;
+    size_t size = default_size();
+#endif
+    if (ptr.get() == nullptr) continue;
+    j.begin_object().field("library", std::string(library));
+    j.field("address", uint64_t{reinterpret_cast<uintptr_t>(ptr.get())}).field("size", uint64_t{size});
+    j.field("stream", uint64_t{reinterpret_cast<uintptr_t>(std::get<1>(key))});
+    j.end_object();
+  }
+}
+#endif
+
+// The cuBLAS and cuBLASLt workspaces torch holds now (allocations through the
+// caching allocator that no tensor owns).
+void write_all_workspaces(JsonWriter& j) {
+  j.key("workspaces").begin_array();
+#if ALLOCSCOPE_WORKSPACE_MAPS
+  write_workspaces(j, "cublas", at::cuda::cublas_handle_stream_to_workspace(), &at::cuda::getChosenWorkspaceSize);
+  write_workspaces(j, "cublaslt", at::cuda::cublaslt_handle_stream_to_workspace(),
+                   &at::cuda::getCUDABlasLtWorkspaceSize);
+#endif
+  j.end_array();
 }
 
 }  // namespace
@@ -51,6 +118,7 @@ std::string baseline_json(const std::string& label, const std::vector<int>& devi
     j.end_array().end_object();
   }
   j.end_array();
+  write_all_workspaces(j);
   const auto& c = snap.config_metadata;
   j.key("config").begin_object();
   j.field("garbage_collection_threshold", c.garbage_collection_threshold);

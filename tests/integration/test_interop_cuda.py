@@ -48,3 +48,28 @@ def test_import_of_a_real_dump_snapshot(tmp_path):
         peak = max(peak, live)
     assert int(np.max(live_bytes(cap.events))) == peak
     assert len(keep) == 3
+
+
+@pytest.mark.parametrize("conf", ["", "expandable_segments:True,max_split_size_mb:64,roundup_power2_divisions:4,"
+                                      "garbage_collection_threshold:0.7",
+                                  "roundup_power2_divisions:[256:1,512:2,1024:4,>:8]"])
+def test_imported_settings_are_the_ones_torch_ran_with(tmp_path, conf):
+    """allocator_settings as _dump_snapshot writes it (torch 2.11 and 2.14:
+    divisions keyed by interval, no limit as -1) reads back as the settings
+    string torch parsed."""
+    import os
+    import subprocess
+    import sys
+
+    from allocscope.allocator.config import parse_alloc_conf, recorded_config
+
+    path = tmp_path / "snap.pickle"
+    code = ("import sys, torch; torch.cuda.memory._record_memory_history(max_entries=100); "
+            "x = torch.empty(3 << 20, device='cuda'); del x; torch.cuda.memory._dump_snapshot(sys.argv[1])")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")}
+    env["PYTORCH_CUDA_ALLOC_CONF"] = conf
+    subprocess.run([sys.executable, "-c", code, str(path)], env=env, check=True, capture_output=True, timeout=120)
+    out = str(tmp_path / "snap.alsc")
+    import_snapshot(str(path), out)
+    cap = allocscope.load(out)
+    assert recorded_config(cap.baseline("start"), cap.metadata) == parse_alloc_conf(conf)

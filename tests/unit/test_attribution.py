@@ -66,7 +66,7 @@ def row_at(att, addr):
 def test_every_rule_gives_its_category(tmp_path):
     att = attribute(one_step(tmp_path))
     expect = {0x1000: "parameter", 0x9000: "input", 0x2000: "activation", 0x3000: "temporary",
-              0x4000: "activation", 0x5000: "unknown", 0x6000: "gradient", 0x7000: "temporary",
+              0x4000: "activation", 0x5000: "output", 0x6000: "gradient", 0x7000: "temporary",
               0x8000: "optimizer_state"}
     assert {a: CATEGORIES[att.category[row_at(att, a)]] for a in expect} == expect
     # the parameter predates recording: live from the start, never freed
@@ -75,6 +75,32 @@ def test_every_rule_gives_its_category(tmp_path):
     modules = {a: att.name(int(att.module[row_at(att, a)])) for a in (0x1000, 0x2000, 0x3000, 0x7000, 0x8000, 0x5000)}
     assert modules == {0x1000: "M.fc", 0x2000: "M.fc", 0x3000: "M.fc", 0x7000: "M.fc", 0x8000: "M.fc", 0x5000: ""}
     assert att.name(int(att.label[row_at(att, 0x8000)])) == "M.fc.weight/momentum_buffer"
+
+
+def test_survivors_of_each_phase_have_a_category(tmp_path):
+    """What outlives its phase without a label: forward results the loop
+    keeps (the model's output, the loss) are outputs, what backward leaves
+    (an input's gradient) is a gradient, what the optimizer leaves is
+    optimizer state; outside phases, other. Nothing is unknown."""
+    b = CaptureWriter()
+    b.annotate(K.WATCH, json.dumps(WATCH))
+    b.alloc(0x1000, 64)  # targets, made by the loop before forward
+    b.annotate(K.PHASE, "forward", 0)
+    b.alloc(0x2000, 128)  # the model's output, kept after backward
+    b.alloc(0x3000, 4)  # the loss
+    b.annotate(K.PHASE, "backward", 0)
+    b.alloc(0x4000, 256)  # the input's gradient (x.requires_grad)
+    b.alloc(0x5000, 8)  # freed within backward
+    b.free(0x5000)
+    b.annotate(K.PHASE, "optimizer", 0)
+    b.alloc(0x6000, 16)  # a step counter nobody labelled
+    b.annotate(K.PHASE, "other", 1)
+    b.free(0x2000)  # dropped by the loop after the step
+    b.free(0x3000)
+    att = attribute(allocscope.load(b.write(tmp_path / "survivors.alsc")))
+    got = {a: CATEGORIES[att.category[row_at(att, a)]] for a in (0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000)}
+    assert got == {0x1000: "other", 0x2000: "output", 0x3000: "output", 0x4000: "gradient", 0x5000: "temporary",
+                   0x6000: "optimizer_state"}
 
 
 def test_theory_and_waterfall_at_the_peak(tmp_path):
@@ -91,7 +117,7 @@ def test_theory_and_waterfall_at_the_peak(tmp_path):
             th["activation_gradients"], th["inputs"], th["total"]) == (1000, 1000, 1000, 800, 800, 400, 5000)
     gap = {i["item"]: i["bytes"] for i in r["gap"]}
     assert gap == {"parameters": 0, "buffers": 0, "gradients": 0, "optimizer_state": -1000, "activations": 200,
-                   "inputs": 0, "temporaries": -200, "workspaces": 0, "other": 0, "unknown": 50,
+                   "inputs": 0, "outputs": 50, "temporaries": -200, "workspaces": 0, "other": 0, "unknown": 0,
                    "allocator_rounding": 0}
     assert r["measured"] == {"allocated_bytes": 4050, "requested_bytes": 4050, "basis": "allocated",
                              "total_bytes": 4050}
@@ -103,7 +129,7 @@ def test_at_a_mark(tmp_path):
     r = build_report(cap, at="after step")
     # parameter, input, loss, gradient (not zeroed) and momentum remain
     assert r["at"]["by_category"] | {} == {c: 0 for c in CATEGORIES} | {
-        "parameter": 1000, "input": 400, "unknown": 50, "gradient": 1000, "optimizer_state": 1000}
+        "parameter": 1000, "input": 400, "output": 50, "gradient": 1000, "optimizer_state": 1000}
     assert r["at"]["label"] == "after step"
     assert r["at"]["by_module"] == {"M.fc": 3000, "M": 400, "<no module>": 50}
 
@@ -145,7 +171,7 @@ def test_a_waterfall_that_does_not_add_up_is_refused(tmp_path):
     e = find_mark(cap, "in backward")
     m = moment(att, e, tl)
     waterfall(att, m, theory(att, e), tl)  # consistent: no error
-    lost = dataclasses.replace(m, by_category=m.by_category | {"unknown": 0})
+    lost = dataclasses.replace(m, by_category=m.by_category | {"output": 0})
     with pytest.raises(ConservationError, match="sums to"):
         waterfall(att, lost, theory(att, e), tl)
 

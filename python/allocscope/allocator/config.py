@@ -242,6 +242,8 @@ def recorded_config(baseline: dict[str, Any] | None, metadata: dict[str, Any] | 
     if "expandable_segments" in config:
         fields["expandable_segments"] = bool(config["expandable_segments"])
     table = config.get("roundup_power2_divisions")
+    if isinstance(table, dict):  # as torch's snapshot writes it (older imports kept it so)
+        table = [v for _, v in sorted(table.items(), key=lambda kv: int(kv[0]))]
     if table:
         t = [int(x) for x in table][:ROUNDUP_INTERVALS]
         fields["roundup_power2_divisions"] = tuple(t + [0] * (ROUNDUP_INTERVALS - len(t)))

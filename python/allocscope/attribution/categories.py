@@ -14,7 +14,10 @@ The rules are written down in docs/attribution.md; in short:
 3. Unlabelled rows get a category from their phase (PHASE annotations): made
    outside any watched phase or before recording -> other; freed before their
    phase ended -> temporary; made in forward and freed in backward (kept
-   alive by the autograd graph) -> activation; the rest -> unknown.
+   alive by the autograd graph) -> activation; other survivors of forward
+   (outputs, the loss) -> output, of backward -> gradient, of the optimizer
+   -> optimizer_state. A cuBLAS/cuBLASLt workspace (the baselines list
+   torch's) -> workspace. unknown is left for phases allocscope does not know.
 4. Module: a labelled row's from its label (the parameter's module, the module
    that saved the activation); others the innermost module scope open on the
    allocating thread (forward scopes nest; backward scopes close when their
@@ -38,7 +41,7 @@ from .lifetimes import lifetimes
 
 __all__ = ["CATEGORIES", "PHASES", "Attribution", "attribute"]
 
-CATEGORIES = ("parameter", "buffer", "gradient", "optimizer_state", "activation", "input",
+CATEGORIES = ("parameter", "buffer", "gradient", "optimizer_state", "activation", "input", "output",
               "temporary", "workspace", "other", "unknown")
 PHASES = ("none", "forward", "backward", "optimizer", "other")
 
@@ -283,10 +286,29 @@ def _phase_rule(p_idx: np.ndarray, phase_code: np.ndarray, p_iter: np.ndarray, s
     freed_in_backward = (end < n) & (free_inst >= 0) & (
         (phase_code[np.maximum(free_inst, 0)] if len(p_idx) else 0) == PHASES.index("backward"))
     rule = np.full(len(start), _CAT["unknown"], np.int64)
+    # Survivors of their phase: forward results the loop keeps past backward
+    # (outputs, the loss), gradients backward made outside any parameter's
+    # .grad (inputs' gradients), optimizer-made state without a label.
+    rule[phase == PHASES.index("forward")] = _CAT["output"]
+    rule[phase == PHASES.index("backward")] = _CAT["gradient"]
+    rule[phase == PHASES.index("optimizer")] = _CAT["optimizer_state"]
     rule[(phase == PHASES.index("forward")) & freed_in_backward & ~freed_in_phase] = _CAT["activation"]
     rule[freed_in_phase] = _CAT["temporary"]
     rule[(phase == 0) | (phase == PHASES.index("other")) | (start < 0)] = _CAT["other"]
     return phase, iteration, rule
+
+
+def _workspaces(cap: Capture, addr: np.ndarray, start: np.ndarray, end: np.ndarray, n: int) -> np.ndarray:
+    """Rows that are cuBLAS/cuBLASLt workspaces: the baselines list the
+    workspaces torch held (docs/format.md); a row live at the end baseline at
+    one of its addresses, or one from before recording at a start baseline's."""
+    out = np.zeros(len(addr), bool)
+    for label, live in (("end", end >= n), ("start", start < 0)):
+        base = cap.baseline(label)
+        spaces = [int(w["address"]) for w in (base or {}).get("workspaces") or () if "address" in w]
+        if spaces:
+            out |= live & np.isin(addr, np.array(spaces, np.uint64).astype(addr.dtype))
+    return out
 
 
 def attribute(cap: Capture) -> Attribution:
@@ -322,6 +344,7 @@ def attribute(cap: Capture) -> Attribution:
     phase, iteration, rule = _phase_rule(p_idx, phase_code, p_iter, ST, EN, n)
     unlabelled = category < 0
     category[unlabelled] = rule[unlabelled]
+    category[_workspaces(cap, A, ST, EN, n) & unlabelled] = _CAT["workspace"]
 
     # ---- modules of unlabelled rows: the scope open on the allocating thread
     TH = rows.column("thread")
