@@ -4,6 +4,8 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/util/Exception.h>
 
+#include <dlfcn.h>
+
 #include <map>
 #include <mutex>
 #include <shared_mutex>
@@ -19,13 +21,17 @@
 // torch keeps one cuBLAS and one cuBLASLt workspace per (handle, stream), in
 // maps that ATen/cuda/CUDAContextLight.h declares. That header pulls in the
 // headers of cuBLAS, cuSPARSE, cuSOLVER and cuDSS, which a build from torch's
-// wheels does not have, so the two accessors and the map's layout, as the
-// torch versions we know define them, are declared here. Versions whose
-// layout we have not read (2.12, 2.13) report no workspaces.
+// wheels does not have, so the map's layout, as the torch versions we know
+// define it, is declared here, and its accessors are looked up in the
+// already loaded libtorch_cuda (_C does not link it: linking it changed the
+// order in which libraries are torn down at exit, and a process that ran out
+// of memory then sometimes aborted in a destructor). Versions whose layout we have not read
+// (2.12, 2.13) report no workspaces.
 #define ALLOCSCOPE_WORKSPACE_MAPS (ALLOCSCOPE_TORCH_AT_LEAST(2, 14) || !ALLOCSCOPE_TORCH_AT_LEAST(2, 12))
 #if ALLOCSCOPE_WORKSPACE_MAPS
-namespace at::cuda {
-struct WorkspaceMapWithMutex {
+namespace allocscope::cuda {
+namespace {
+struct WorkspaceMapWithMutex {  // at::cuda::WorkspaceMapWithMutex
 #if ALLOCSCOPE_TORCH_AT_LEAST(2, 14)
   std::map<std::tuple<void*, void*>, std::pair<c10::DataPtr, size_t>> map;
 #else
@@ -33,11 +39,10 @@ struct WorkspaceMapWithMutex {
 #endif
   std::shared_mutex mutex;
 };
-WorkspaceMapWithMutex& cublas_handle_stream_to_workspace();
-WorkspaceMapWithMutex& cublaslt_handle_stream_to_workspace();
-size_t getChosenWorkspaceSize();
-size_t getCUDABlasLtWorkspaceSize();
-}  // namespace at::cuda
+using MapAccessor = WorkspaceMapWithMutex& (*)();
+using SizeAccessor = size_t (*)();
+}  // namespace
+}  // namespace allocscope::cuda
 #endif
 
 namespace allocscope::cuda {
@@ -54,14 +59,20 @@ void write_stat(JsonWriter& j, const char* name, const c10::CachingAllocator::St
 #if ALLOCSCOPE_WORKSPACE_MAPS
 // default_size: the workspace size for versions whose map does not keep it
 // (it reads the device's properties: called only if there is a workspace).
-void write_workspaces(JsonWriter& j, const char* library, at::cuda::WorkspaceMapWithMutex& m,
-                      size_t (*default_size)()) {
+void write_workspaces(JsonWriter& j, const char* library, const char* map_symbol, const char* size_symbol) {
+  // torch loaded it (privately: RTLD_DEFAULT does not see it); NOLOAD only
+  // finds it, and the handle's reference is kept for the process's life.
+  static void* torch_cuda = dlopen("libtorch_cuda.so", RTLD_LAZY | RTLD_NOLOAD);
+  if (torch_cuda == nullptr) return;
+  auto map_of = reinterpret_cast<MapAccessor>(dlsym(torch_cuda, map_symbol));
+  auto default_size = reinterpret_cast<SizeAccessor>(dlsym(torch_cuda, size_symbol));
+  if (map_of == nullptr || default_size == nullptr) return;
+  WorkspaceMapWithMutex& m = map_of();
   std::shared_lock<std::shared_mutex> lock(m.mutex);
   for (const auto& [key, value] : m.map) {
 #if ALLOCSCOPE_TORCH_AT_LEAST(2, 14)
     const c10::DataPtr& ptr = value.first;
     size_t size = value.second;
-    (void)default_size;
 #else
     const c10::DataPtr& ptr = value;
     size_t size = default_size();
@@ -80,9 +91,10 @@ void write_workspaces(JsonWriter& j, const char* library, at::cuda::WorkspaceMap
 void write_all_workspaces(JsonWriter& j) {
   j.key("workspaces").begin_array();
 #if ALLOCSCOPE_WORKSPACE_MAPS
-  write_workspaces(j, "cublas", at::cuda::cublas_handle_stream_to_workspace(), &at::cuda::getChosenWorkspaceSize);
-  write_workspaces(j, "cublaslt", at::cuda::cublaslt_handle_stream_to_workspace(),
-                   &at::cuda::getCUDABlasLtWorkspaceSize);
+  write_workspaces(j, "cublas", "_ZN2at4cuda33cublas_handle_stream_to_workspaceEv",
+                   "_ZN2at4cuda22getChosenWorkspaceSizeEv");
+  write_workspaces(j, "cublaslt", "_ZN2at4cuda35cublaslt_handle_stream_to_workspaceEv",
+                   "_ZN2at4cuda26getCUDABlasLtWorkspaceSizeEv");
 #endif
   j.end_array();
 }
