@@ -23,10 +23,9 @@
 // headers of cuBLAS, cuSPARSE, cuSOLVER and cuDSS, which a build from torch's
 // wheels does not have, so the map's layout, as the torch versions we know
 // define it, is declared here, and its accessors are looked up in the
-// already loaded libtorch_cuda (_C does not link it: linking it changed the
-// order in which libraries are torn down at exit, and a process that ran out
-// of memory then sometimes aborted in a destructor). Versions whose layout we have not read
-// (2.12, 2.13) report no workspaces.
+// already loaded libtorch_cuda (_C does not link it: linked, a process that
+// ran out of memory sometimes aborted at exit in a destructor). Versions
+// whose layout we have not read (2.12, 2.13) report no workspaces.
 #define ALLOCSCOPE_WORKSPACE_MAPS (ALLOCSCOPE_TORCH_AT_LEAST(2, 14) || !ALLOCSCOPE_TORCH_AT_LEAST(2, 12))
 #if ALLOCSCOPE_WORKSPACE_MAPS
 namespace allocscope::cuda {
@@ -57,7 +56,7 @@ void write_stat(JsonWriter& j, const char* name, const c10::CachingAllocator::St
 }
 
 #if ALLOCSCOPE_WORKSPACE_MAPS
-// default_size: the workspace size for versions whose map does not keep it
+// size_symbol: the workspace size for versions whose map does not keep it
 // (it reads the device's properties: called only if there is a workspace).
 void write_workspaces(JsonWriter& j, const char* library, const char* map_symbol, const char* size_symbol) {
   // torch loaded it (privately: RTLD_DEFAULT does not see it); NOLOAD only

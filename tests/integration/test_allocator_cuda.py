@@ -28,8 +28,8 @@ def record(tmp_path, workload, conf=""):
     env = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")}
     if conf:
         env["PYTORCH_CUDA_ALLOC_CONF"] = conf
-    out = subprocess.run([sys.executable, SCRIPT, workload, str(path)], env=env, check=True, capture_output=True,
-                         text=True)
+    out = subprocess.run([sys.executable, SCRIPT, workload, str(path)], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, f"{workload} exited {out.returncode}: {out.stderr[-2000:]}"
     return allocscope.load(path), int(out.stdout.split()[-1])
 
 

@@ -97,3 +97,26 @@ def test_watch_on_cuda_runs_backward_on_the_autograd_thread(tmp_path):
     # attributed to modules through that thread's scopes
     named = att.module[backward & (att.thread != att.thread[att.phase == 1][0])] >= 0
     assert named.any()
+
+
+def test_cublas_workspaces_are_named(tmp_path):
+    """The workspace torch's cuBLAS handle takes for each stream it runs on
+    (an allocation no tensor owns) is attributed as workspace, at the size
+    the baseline reports; the matmuls' outputs are not."""
+    x = torch.randn(64, 64, device="cuda")
+    side = torch.cuda.Stream()
+    path = tmp_path / "workspaces.alsc"
+    with allocscope.record(path, device="cuda"):
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            y = x @ x  # a stream no matmul ran on before: a new workspace
+        torch.cuda.synchronize()
+    cap = allocscope.load(path)
+    spaces = {w["address"]: w["size"] for w in cap.baseline("end")["workspaces"]}
+    att = attribute(cap)
+    workspace = CATEGORIES.index("workspace")
+    named = {int(a): int(s) for a, s, c in zip(att.addr, att.size, att.category, strict=True) if c == workspace}
+    assert named and set(named) <= set(spaces)
+    assert all(spaces[a] == s for a, s in named.items())
+    out = int(att.category[list(att.addr).index(y.data_ptr())])
+    assert out != workspace

@@ -223,22 +223,25 @@ class Worker:
 
     def __init__(self, conf: str, *, env: dict[str, str] | None = None, directory: str | None = None):
         self.conf = conf
-        self._env = env
         base = dict(os.environ if env is None else env)
         for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
             base.pop(k, None)
         if conf:
             base["PYTORCH_CUDA_ALLOC_CONF"] = conf
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        base["PYTHONPATH"] = os.pathsep.join(p for p in (root, base.get("PYTHONPATH", "")) if p)
+        self._root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        base["PYTHONPATH"] = os.pathsep.join(p for p in (self._root, base.get("PYTHONPATH", "")) if p)
+        self._env = base
         self._dir = tempfile.TemporaryDirectory(prefix="allocscope-streams-", dir=directory)
         self._log = open(os.path.join(self._dir.name, "worker.log"), "w+")
-        self.proc = subprocess.Popen([sys.executable, "-m", "tests.support.request_streams"], cwd=root, env=base,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True,
-                                     bufsize=1)
+        self.runs = 0
+        self._start()
+
+    def _start(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.support.request_streams"], cwd=self._root,
+                                     env=self._env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
+                                     text=True, bufsize=1)
         hello = self._answer()
         self.total, self.torch = int(hello["total"]), str(hello["torch"])
-        self.runs = 0
 
     def _answer(self) -> dict[str, Any]:
         assert self.proc.stdout is not None
@@ -268,10 +271,12 @@ class Worker:
 
     def restart(self) -> None:
         """A fresh process: c10 state that no capture records is reset."""
-        self.close()
-        self.__init__(self.conf, env=self._env)  # type: ignore[misc]
+        self._stop()
+        self._log.seek(0)
+        self._log.truncate()
+        self._start()
 
-    def close(self) -> None:
+    def _stop(self) -> None:
         if self.proc.poll() is None:
             assert self.proc.stdin is not None
             self.proc.stdin.close()
@@ -279,6 +284,9 @@ class Worker:
                 self.proc.wait(30)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+
+    def close(self) -> None:
+        self._stop()
         self._log.close()
         self._dir.cleanup()
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from .sizes import LARGE_BUFFER, ROUNDUP_INTERVALS, SIZE_MAX, MiB
 
-__all__ = ["AllocatorConfig", "ConfigError", "parse_alloc_conf", "recorded_config", "settings_items"]
+__all__ = ["AllocatorConfig", "ConfigError", "divisions_list", "parse_alloc_conf", "recorded_config", "settings_items"]
 
 # Keys torch parses that do not change where device blocks go.
 _IGNORED = {
@@ -223,6 +223,18 @@ def _parse_divisions(value: list[str], table: list[int]) -> None:
             i += 1
 
 
+def divisions_list(table: Any) -> list[int] | None:
+    """roundup_power2_divisions in interval order: a baseline's list as it
+    is, or the dict torch's snapshot writes ({"1": d, "2": d, ..., "32768": d},
+    keyed by the interval's MiB; older imports kept it so). None if neither."""
+    if isinstance(table, dict):
+        try:
+            return [int(v) for _, v in sorted(table.items(), key=lambda kv: int(kv[0]))]
+        except (TypeError, ValueError):
+            return None
+    return [int(x) for x in table] if isinstance(table, (list, tuple)) else None
+
+
 def recorded_config(baseline: dict[str, Any] | None, metadata: dict[str, Any] | None = None) -> AllocatorConfig:
     """The settings a CUDA capture ran with: the baseline's config (what the
     allocator reported), completed from the settings string for the keys the
@@ -241,9 +253,7 @@ def recorded_config(baseline: dict[str, Any] | None, metadata: dict[str, Any] | 
         fields["garbage_collection_threshold"] = float(config["garbage_collection_threshold"])
     if "expandable_segments" in config:
         fields["expandable_segments"] = bool(config["expandable_segments"])
-    table = config.get("roundup_power2_divisions")
-    if isinstance(table, dict):  # as torch's snapshot writes it (older imports kept it so)
-        table = [v for _, v in sorted(table.items(), key=lambda kv: int(kv[0]))]
+    table = divisions_list(config.get("roundup_power2_divisions"))
     if table:
         t = [int(x) for x in table][:ROUNDUP_INTERVALS]
         fields["roundup_power2_divisions"] = tuple(t + [0] * (ROUNDUP_INTERVALS - len(t)))

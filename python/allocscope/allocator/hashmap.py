@@ -127,7 +127,7 @@ class FlatHashMap(Generic[K, V]):
         self._emplace(entry)
 
     def _grow(self) -> None:
-        buckets = max(4, 2 * self._buckets, -(-self._count * 2 // 1))
+        buckets = max(4, 2 * self._buckets, 2 * self._count)  # rehash: at least count / max_load_factor
         buckets = 1 << (buckets - 1).bit_length()
         old = [e for e in self._slots if e is not None]
         self._reset(buckets)

@@ -268,7 +268,7 @@ class _Run:
                 self.routed[addr] = (arg, block)  # the next ALLOC at addr (OOM: 0)
             else:
                 if self.ready:
-                    self._process_events(i, k, size or block if k == _OOM else size, st)
+                    self._process_events(i, k, addr, size or block if k == _OOM else size, st)
                 unknown_frees += not self._request(i, k, addr, size, block, st, arg)
                 self._complete(i, self.ready)  # what the request left pending, c10 completed in it
             after.append(self.totals())
@@ -326,7 +326,7 @@ class _Run:
                 held[0].complete(held[1])
         ready.clear()
 
-    def _process_events(self, i: int, k: int, size: int, st: int) -> None:
+    def _process_events(self, i: int, k: int, addr: int, size: int, st: int) -> None:
         """Completes the deferred frees recorded just before request i that
         c10 found complete when its malloc began (process_events). The others
         it completed later in the same malloc, when it gave up on its cached
@@ -344,7 +344,7 @@ class _Run:
         dev = self.devices.get(d)
         if early and dev is not None and (k == _OOM or first < i):
             blocks = [self.pending[a][1] for _, a in early if a in self.pending]
-            route = self.routed.get(0 if k == _OOM else self._addr_of(i))
+            route = self.routed.get(0 if k == _OOM else addr)
             made = dev.trial(blocks, size, self.stream_handle[st], route) if blocks else []
             mine = self.recorded_segments.get(d, [])
             lo = bisect.bisect_left(mine, (first,))
@@ -355,9 +355,6 @@ class _Run:
                 early = []
         self._complete(i, early)
         self.ready = [r for r in self.ready if r[0] >= first]
-
-    def _addr_of(self, i: int) -> int:
-        return int(self.cap.events.addr[i])
 
     def _first_segment_event(self, d: int, lo: int, hi: int) -> int:
         """The index of device d's first recorded segment event between lo and

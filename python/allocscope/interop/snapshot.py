@@ -25,6 +25,7 @@ import pickle
 from typing import Any
 
 from .. import _format as F
+from ..allocator.config import divisions_list
 from ..allocator.sizes import round_size
 from ..writer import CaptureWriter
 from .memory_viz import EXTENSION
@@ -109,14 +110,10 @@ def _config(settings: dict[str, Any]) -> dict[str, Any]:
             out[key] = settings[key]
     if isinstance(out.get("max_split_size"), int) and out["max_split_size"] < 0:
         out["max_split_size"] = (1 << 64) - 1  # torch reports "no limit" as -1 here
-    table = out.get("roundup_power2_divisions")
-    if isinstance(table, dict):
-        # torch writes {"1": d, "2": d, ..., "32768": d}, keyed by the
-        # interval's MiB; a baseline keeps the divisions in interval order.
-        try:
-            out["roundup_power2_divisions"] = [int(v) for _, v in sorted(table.items(), key=lambda kv: int(kv[0]))]
-        except (TypeError, ValueError):
-            del out["roundup_power2_divisions"]
+    if "roundup_power2_divisions" in out:  # a baseline keeps a list in interval order
+        table = divisions_list(out.pop("roundup_power2_divisions"))
+        if table is not None:
+            out["roundup_power2_divisions"] = table
     return out
 
 
