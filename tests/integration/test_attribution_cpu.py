@@ -57,10 +57,26 @@ class AttentionNet(nn.Module):
         return self.head(self.block(self.embed(tokens)))
 
 
+class CheckpointedNet(nn.Module):
+    """Blocks recomputed in backward (activation checkpointing)."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(20, 48), nn.GELU(), nn.Linear(48, 20), nn.LayerNorm(20))
+                                    for _ in range(3))
+        self.head = nn.Linear(20, 5)
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = checkpoint(b, x, use_reentrant=False)
+        return self.head(x)
+
+
 MODELS = {
     "conv": (ConvNet, lambda: torch.randn(4, 3, 16, 16)),
     "recurrent": (RecurrentNet, lambda: torch.randn(4, 7, 12)),
     "attention": (AttentionNet, lambda: torch.randint(0, 50, (4, 9))),
+    "checkpointed": (CheckpointedNet, lambda: torch.randn(6, 20)),
 }
 
 

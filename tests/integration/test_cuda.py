@@ -12,7 +12,9 @@ import pytest
 
 import allocscope
 from allocscope import EventKind
+from allocscope.attribution import moment
 from allocscope.attribution.lifetimes import lifetimes
+from allocscope.reports.report import analyse
 
 from ..replay import baseline_blocks, replay_totals
 
@@ -52,13 +54,17 @@ def test_totals_match_torch_at_every_mark(tmp_path):
     assert cap.complete and cap.metadata["devices_recorded"] == ["cuda"]
     marks = np.flatnonzero(cap.events.kind == EventKind.MARK)
     assert len(marks) == 3
+    an = analyse(cap)
+    assert an.att.blocks_exact  # the replay followed the recording exactly
     for mark, (requested, reserved, allocated) in zip(marks, expected, strict=True):
         live_requested, live_reserved = replay_totals(cap, int(mark))
         assert live_requested == requested
         assert live_reserved == reserved  # segment events add up to memory_reserved()
-        # Block sizes are not reported per allocation (the allocator does not
-        # say; the simulator derives them): requested bytes bound them below.
-        assert allocated >= live_requested
+        # The allocator does not report block sizes per allocation: the
+        # exact replay gives them, unsplit remainders included.
+        assert int(an.tl.allocated[mark + 1]) == allocated
+        m = moment(an.att, int(mark), an.tl)
+        assert m.requested_bytes <= m.rounded_bytes <= m.allocated_bytes == allocated
     lt = lifetimes(cap.events)
     assert len(lt.double_allocs) == 0
     start_blocks = baseline_blocks(cap.baseline("start"))

@@ -73,6 +73,10 @@ class Replay:
     fidelity: Fidelity | None
     warnings: list[str]
     replayed_until: int = -1  # the last event replayed; the timelines carry its state on
+    # Per event: the size of the block the model handed out for an ALLOC
+    # (rounding and any unsplit remainder included); 0 elsewhere and for
+    # ALLOCs not replayed.
+    block_sizes: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
 
     @property
     def peak_reserved(self) -> int:
@@ -168,6 +172,7 @@ class _Run:
         self.ooms: list[OomRecord] = []
         self.avoided: list[int] = []  # recorded OOM requests the model could serve
         self.allocs = self.address_mismatches = 0
+        self.block_sizes = np.zeros(len(ev), np.int64)
         self._load(start)
         if limit is None:
             self._bound_by_recorded_ooms()
@@ -287,7 +292,7 @@ class _Run:
         if unknown_frees:
             self.warnings.append(f"{unknown_frees} frees of memory the replay did not know (ignored)")
         return Replay(self.cfg, self.faithful, self.limit, self.devices, reserved, allocated, active, largest,
-                      self.ooms, self.avoided, states, self._fidelity(until), self.warnings, until)
+                      self.ooms, self.avoided, states, self._fidelity(until), self.warnings, until, self.block_sizes)
 
     def _request(self, i: int, k: int, addr: int, size: int, block: int, st: int, arg: int) -> bool:
         """Replays one request; False: a free of memory the replay does not know."""
@@ -384,6 +389,7 @@ class _Run:
         if dev.num_ooms > before:
             self.ooms.append(_oom_record(dev, i, size, self.stream_handle[st], False, self.ooms))
         self.live[addr] = (dev, b)
+        self.block_sizes[i] = b.size
         self.allocs += 1
         if self.faithful and b.addr != addr:
             self.address_mismatches += 1

@@ -62,8 +62,11 @@ class Attribution:
 
     Row i is live after event e when start[i] <= e < end[i]; start is -1 for
     memory that existed before recording, end is len(events) for memory still
-    live at the end. size: requested bytes; rounded: the allocator's block
-    size (CUDA: from the recording or the baseline, else round_size's).
+    live at the end. size: requested bytes; rounded: the request rounded
+    as the allocator rounds it (CUDA: round_size); block: the size of the
+    block that held it (CUDA: rounded plus any remainder the allocator did
+    not split off, from the baseline or an exact replay; `blocks_exact`
+    says whether every CUDA block's size is known, else rounded stands in).
     """
 
     capture: Capture
@@ -71,6 +74,7 @@ class Attribution:
     addr: np.ndarray
     size: np.ndarray
     rounded: np.ndarray
+    block: np.ndarray
     start: np.ndarray
     end: np.ndarray
     stack: np.ndarray
@@ -88,6 +92,7 @@ class Attribution:
     watches: list[dict[str, Any]]
     device_type: str
     warnings: list[str]
+    blocks_exact: bool = True
 
     @property
     def rows(self) -> int:
@@ -156,15 +161,16 @@ class _Rows:
     """The rows' columns, built in parts: recorded allocations, then memory
     from before recording (the start baseline's blocks, labelled addresses)."""
 
-    COLUMNS = ("addr", "size", "rounded", "start", "end", "stack", "thread", "device")
+    COLUMNS = ("addr", "size", "block", "start", "end", "stack", "thread", "device")
 
-    def __init__(self, cap: Capture, n: int):
+    def __init__(self, cap: Capture, n: int, block_sizes: np.ndarray | None):
         ev = cap.events
         lt = lifetimes(ev)
         self.n = n
+        blocks = ev.block if block_sizes is None else block_sizes
         self.parts: dict[str, list[np.ndarray]] = {
             "addr": [ev.addr[lt.alloc].astype(np.uint64)], "size": [ev.size[lt.alloc].astype(np.int64)],
-            "rounded": [ev.block[lt.alloc].astype(np.int64)], "start": [lt.alloc.astype(np.int64)],
+            "block": [blocks[lt.alloc].astype(np.int64)], "start": [lt.alloc.astype(np.int64)],
             "end": [np.where(lt.free >= 0, lt.free, n).astype(np.int64)],
             "stack": [ev.stack[lt.alloc].astype(np.int64)], "thread": [ev.thread[lt.alloc].astype(np.int64)],
             "device": [ev.device[lt.alloc].astype(np.int64)]}
@@ -178,12 +184,12 @@ class _Rows:
         k = bisect.bisect_right(frees, index)
         return frees[k] if k < len(frees) else self.n
 
-    def add_older(self, addr: list[int], size: list[int], rounded: list[int] | None, end: list[int],
+    def add_older(self, addr: list[int], size: list[int], block: list[int] | None, end: list[int],
                   device: list[int] | int) -> None:
         """Rows of memory that existed before recording (live from the start)."""
         k = len(addr)
         new = {"addr": np.array(addr, np.uint64), "size": np.array(size, np.int64),
-               "rounded": np.array(rounded, np.int64) if rounded is not None else np.zeros(k, np.int64),
+               "block": np.array(block, np.int64) if block is not None else np.zeros(k, np.int64),
                "start": np.full(k, -1, np.int64), "end": np.array(end, np.int64), "stack": np.zeros(k, np.int64),
                "thread": np.zeros(k, np.int64),
                "device": np.array(device, np.int64) if isinstance(device, list) else np.full(k, device, np.int64)}
@@ -311,8 +317,11 @@ def _workspaces(cap: Capture, addr: np.ndarray, start: np.ndarray, end: np.ndarr
     return out
 
 
-def attribute(cap: Capture) -> Attribution:
-    """Attributes every allocation of a capture (see the module docstring)."""
+def attribute(cap: Capture, block_sizes: np.ndarray | None = None) -> Attribution:
+    """Attributes every allocation of a capture (see the module docstring).
+    block_sizes: per event, the block size of each ALLOC (0: unknown), from a
+    replay with the recorded settings (Replay.block_sizes); without it CUDA
+    blocks are taken to be their rounded size."""
     ev = cap.events
     n = len(ev)
     warnings: list[str] = []
@@ -324,7 +333,7 @@ def attribute(cap: Capture) -> Attribution:
         return strings[sid] if sid < len(strings) else "?"
 
     # ---- rows: recorded allocations, then memory from before recording
-    rows = _Rows(cap, n)
+    rows = _Rows(cap, n, block_sizes)
     base = cap.baseline("start") if device_type == "cuda" else None
     if base is not None and base.get("segments") is not None:
         pre = sorted(baseline_blocks(base).items())
@@ -332,7 +341,7 @@ def attribute(cap: Capture) -> Attribution:
                        [rows.free_after(a, -1) for a, _ in pre], [d for _, (_, _, d) in pre])
     label_idx = np.flatnonzero(np.isin(ev.kind, [int(k) for k in TENSOR_LABELS]))
     label_rows = _join_labels(ev, rows, label_idx, device_type, warnings)
-    A, S, R, ST, EN = (rows.column(c) for c in ("addr", "size", "rounded", "start", "end"))
+    A, S, B, ST, EN = (rows.column(c) for c in ("addr", "size", "block", "start", "end"))
 
     # ---- labels: category and name by priority, then the phase rule for the rest
     names = _Names()
@@ -359,16 +368,22 @@ def attribute(cap: Capture) -> Attribution:
 
     if device_type == "cuda":
         divisions = (base or {}).get("config", {}).get("roundup_power2_divisions", ())
-        unknown = R <= 0
-        R[unknown] = round_sizes(S[unknown], divisions)
+        # A block is never smaller than its rounded request; only requests
+        # of unknown size (0, in some baselines) would round above it.
+        unknown = B <= 0
+        R = np.where(unknown, round_sizes(S, divisions), np.minimum(round_sizes(S, divisions), B))
+        blocks_exact = not bool(unknown.any())
+        B[unknown] = R[unknown]
     else:
-        R = np.where(R > 0, R, S)
+        R = B = np.where(B > 0, B, S)
+        blocks_exact = True
 
     return Attribution(
-        capture=cap, n_events=n, addr=A, size=S, rounded=R, start=ST, end=EN, stack=rows.column("stack"),
+        capture=cap, n_events=n, addr=A, size=S, rounded=R, block=B, start=ST, end=EN, stack=rows.column("stack"),
         thread=TH, device=rows.column("device"), category=category, module=module, label=label, phase=phase,
         iteration=iteration, names=names.names, phase_starts=p_idx, phase_names=phase_names,
-        phase_iterations=p_iter, watches=watches, device_type=device_type, warnings=warnings)
+        phase_iterations=p_iter, watches=watches, device_type=device_type, warnings=warnings,
+        blocks_exact=blocks_exact)
 
 
 def _module_scopes(cap: Capture, names: _Names, p_idx: np.ndarray, start: np.ndarray, thread: np.ndarray,

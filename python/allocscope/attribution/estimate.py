@@ -14,8 +14,10 @@ Theory, for the moment analysed:
 
 Waterfall: one item per category (measured requested bytes minus the theory
 figure it corresponds to; categories the estimate ignores count in full),
-then allocator rounding (blocks minus requests), cached free memory (reserved
-minus allocated) and memory outside PyTorch's allocator (device used minus
+then allocator rounding (requests rounded as the allocator rounds them, minus
+the requests), unsplit remainders (the blocks' real sizes, from an exact
+replay, minus the rounded requests), cached free memory (reserved minus the
+blocks) and memory outside PyTorch's allocator (device used minus
 reserved). The items sum exactly from theory["total"] to the measured total;
 waterfall() checks that and raises ConservationError if not.
 """
@@ -121,8 +123,15 @@ def waterfall(att: Attribution, m: Moment, th: dict[str, Any], tl: Timeline) -> 
         t = int(th[figure]) if figure else 0
         items.append({"item": item, "bytes": m.by_category[category] - t, "measured_bytes": m.by_category[category],
                       "theory_bytes": t, "detail": detail})
-    items.append({"item": "allocator_rounding", "bytes": m.allocated_bytes - m.requested_bytes,
-                  "detail": "blocks are whole multiples of 512 B (CUDA) above the requested sizes"})
+    items.append({"item": "allocator_rounding", "bytes": m.rounded_bytes - m.requested_bytes,
+                  "detail": "requests rounded up to the allocator's sizes (CUDA: multiples of 512 B, "
+                            "2 MiB above 10 MiB, or roundup_power2_divisions)"})
+    unsplit = {"item": "unsplit_remainder", "bytes": m.allocated_bytes - m.rounded_bytes,
+               "detail": "blocks handed out whole: the rest of a cached block too small to split off "
+                         "(under 512 B; 1 MiB or less in the large pool), or any request of max_split_size_mb or more"}
+    if not att.blocks_exact:
+        unsplit["detail"] += "; only where the replay knew the block (the rest count as cached free)"
+    items.append(unsplit)
     pos = m.event + 1
     measured: dict[str, Any] = {"allocated_bytes": int(tl.allocated[pos]), "requested_bytes": int(tl.requested[pos])}
     basis = "allocated"

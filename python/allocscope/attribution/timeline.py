@@ -29,7 +29,7 @@ class Timeline:
     """Bytes live after each event (index e + 1; index 0 is the start)."""
 
     requested: np.ndarray
-    allocated: np.ndarray  # rounded to the allocator's blocks
+    allocated: np.ndarray  # the allocator's blocks (Attribution.block)
     reserved: np.ndarray | None  # CUDA: bytes the caching allocator holds
 
     def peak(self, which: str = "allocated") -> int:
@@ -73,7 +73,7 @@ def timeline(att: Attribution) -> Timeline:
     """Bytes live after each event; on CUDA also the bytes the caching
     allocator held (from the baseline and the recorded segment events)."""
     reserved = recorded_reserved(att.capture) if att.device_type == "cuda" else None
-    return Timeline(live_series(att, att.size), live_series(att, att.rounded), reserved)
+    return Timeline(live_series(att, att.size), live_series(att, att.block), reserved)
 
 
 def site_names(att: Attribution, rows: np.ndarray) -> dict[int, str]:
@@ -88,11 +88,12 @@ class Moment:
     event: int
     time_ns: int
     requested_bytes: int
-    allocated_bytes: int
+    allocated_bytes: int  # the blocks' sizes
     reserved_bytes: int | None
     by_category: dict[str, int]
     by_module: dict[str, int]
     top: list[dict[str, Any]]
+    rounded_bytes: int = 0  # the requests rounded as the allocator rounds them (<= allocated_bytes)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -123,7 +124,8 @@ def moment(att: Attribution, e: int, tl: Timeline | None = None, top: int = 20) 
     # Group by (category, module, stack) in numpy, then merge stacks that
     # share a user line.
     keys = np.stack([att.category[live], att.module[live], att.stack[live]], axis=1)
-    uniq, inverse = np.unique(keys, axis=0, return_inverse=True) if len(live) else (np.zeros((0, 3), np.int64), [])
+    uniq, inverse = (np.unique(keys, axis=0, return_inverse=True) if len(live)
+                      else (np.zeros((0, 3), np.int64), np.zeros(0, np.int64)))
     inverse = np.asarray(inverse).reshape(-1)
     group_bytes = np.bincount(inverse, weights=size, minlength=len(uniq)).astype(np.int64)
     group_count = np.bincount(inverse, minlength=len(uniq))
@@ -137,10 +139,11 @@ def moment(att: Attribution, e: int, tl: Timeline | None = None, top: int = 20) 
     tl = tl or timeline(att)
     return Moment(
         event=e, time_ns=relative_time(att.capture, e),
-        requested_bytes=int(size.sum()), allocated_bytes=int(att.rounded[live].sum()),
+        requested_bytes=int(size.sum()), allocated_bytes=int(att.block[live].sum()),
         reserved_bytes=int(tl.reserved[e + 1]) if tl.reserved is not None else None,
         by_category=by_category, by_module=by_module,
-        top=[{"category": c, "module": m, "site": s, "bytes": b, "count": k} for (c, m, s), (b, k) in rows])
+        top=[{"category": c, "module": m, "site": s, "bytes": b, "count": k} for (c, m, s), (b, k) in rows],
+        rounded_bytes=int(att.rounded[live].sum()))
 
 
 def iterations(att: Attribution, tl: Timeline) -> list[dict[str, Any]]:

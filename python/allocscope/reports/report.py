@@ -11,7 +11,7 @@ import numpy as np
 
 from .._format import EventKind
 from .._units import format_bytes
-from ..allocator.recorded import request_at
+from ..allocator.recorded import recorded_reserved, request_at
 from ..allocator.replay import Replay, replay
 from ..attribution.categories import Attribution, attribute
 from ..attribution.estimate import theory, waterfall
@@ -25,6 +25,9 @@ __all__ = ["SCHEMA", "Analysis", "MarkNotFound", "analyse", "build_report", "fin
 SCHEMA = "allocscope.report/1"
 
 
+REPLAY_BUDGET = 2_000_000
+
+
 @dataclasses.dataclass
 class Analysis:
     """What every report of one capture starts from (computed once)."""
@@ -32,13 +35,43 @@ class Analysis:
     cap: Capture
     att: Attribution
     tl: Timeline
-    replay: Replay | None = None  # set by build_report on CUDA captures
+    replay: Replay | None = None  # CUDA captures: the replay with the recorded settings
     replay_at: int | None = None  # the event whose allocator state replay.states holds
+    warnings: list[str] = dataclasses.field(default_factory=list)
 
 
-def analyse(cap: Capture) -> Analysis:
-    att = attribute(cap)
-    return Analysis(cap, att, timeline(att))
+def analyse(cap: Capture, *, replay_budget: int = REPLAY_BUDGET) -> Analysis:
+    """Attribution and timelines; on CUDA first the allocator's replay (its
+    state at the peak of reserved memory, and each block's real size when
+    the replay is exact). Captures of more than `replay_budget` events are
+    replayed only as far as the reports look (the peak, the OOMs)."""
+    if "cuda" not in (cap.metadata.get("devices_recorded") or ()):
+        att = attribute(cap)
+        return Analysis(cap, att, timeline(att))
+    warnings: list[str] = []
+    at = request_at(cap, int(np.argmax(recorded_reserved(cap))) - 1)
+    stop = None
+    if len(cap.events) > replay_budget:
+        ooms = np.flatnonzero(cap.events.kind == EventKind.OOM)
+        stop = max([at] + ooms.tolist())
+        if stop < len(cap.events) - 1:
+            warnings.append(
+                f"the allocator was replayed up to event {stop} of {len(cap.events)} (the capture is longer "
+                f"than {replay_budget} events); `allocscope simulate` replays all of it")
+        else:
+            stop = None
+    rep: Replay | None
+    try:
+        rep = replay(cap, states_at=[at], stop_after=stop)
+    except (KeyError, TypeError, ValueError) as e:  # a baseline this replay cannot read
+        warnings.append(f"the allocator could not be replayed: {type(e).__name__}: {e}")
+        rep = None
+    exact = rep is not None and rep.fidelity is not None and rep.fidelity.exact
+    att = attribute(cap, rep.block_sizes if exact else None)
+    if rep is not None and not exact:
+        warnings.append("the replay did not follow the recording exactly: block sizes are the rounded "
+                        "requests (unsplit remainders count as cached free memory)")
+    return Analysis(cap, att, timeline(att), rep, at if rep is not None else None, warnings)
 
 
 class MarkNotFound(LookupError):
@@ -63,15 +96,12 @@ def _section(att: Attribution, tl: Timeline, e: int, top: int) -> dict[str, Any]
     return {"moment": m.to_json(), "theory": th, "gap": gap, "measured": measured}
 
 
-REPLAY_BUDGET = 2_000_000
-
-
 def build_report(cap: Capture, *, at: str | None = None, top: int = 20,
                  replay_budget: int = REPLAY_BUDGET, analysis: Analysis | None = None) -> dict[str, Any]:
     """The report of a capture: the peak (or the first mark `at`) explained.
     On CUDA captures of more than `replay_budget` events, the allocator is
     replayed only as far as the report needs."""
-    an = analysis or analyse(cap)
+    an = analysis or analyse(cap, replay_budget=replay_budget)
     att, tl = an.att, an.tl
     peak = tl.peak("allocated")
     out: dict[str, Any] = {
@@ -96,31 +126,12 @@ def build_report(cap: Capture, *, at: str | None = None, top: int = 20,
     out["iterations"] = iterations(att, tl)
     out["sites"] = sites(att, focus, top)
     out["timeline"] = category_timeline(att, tl)
-    out["warnings"] = list(cap.warnings) + att.warnings
-    if att.device_type == "cuda":
+    out["warnings"] = list(cap.warnings) + att.warnings + an.warnings
+    if an.replay is not None and an.replay_at is not None:
         # The allocator's side: its state replayed at the peak of reserved
         # memory, and the post-mortem of an OOM (docs/allocator.md).
-        at = request_at(cap, tl.peak("reserved"))
-        stop = None
-        if len(cap.events) > replay_budget:
-            # Long captures: replay only as far as the report looks (the
-            # peak, the OOMs); `allocscope simulate` replays everything.
-            ooms = np.flatnonzero(cap.events.kind == EventKind.OOM)
-            stop = max([at] + ooms.tolist())
-            if stop < len(cap.events) - 1:
-                out["warnings"].append(
-                    f"the allocator was replayed up to event {stop} of {len(cap.events)} (the capture is longer "
-                    f"than {replay_budget} events); `allocscope simulate` replays all of it")
-            else:
-                stop = None
-        try:
-            rep = replay(cap, states_at=[at], stop_after=stop)
-        except (KeyError, TypeError, ValueError) as e:  # a baseline this replay cannot read
-            out["warnings"].append(f"the allocator could not be replayed: {type(e).__name__}: {e}")
-            return out
-        an.replay, an.replay_at = rep, at
-        out["allocator"] = allocator_section(cap, att, rep, at=at, top=top)
-        oom = oom_section(cap, att, rep, top=top)
+        out["allocator"] = allocator_section(cap, att, an.replay, at=an.replay_at, top=top)
+        oom = oom_section(cap, att, an.replay, top=top)
         if oom is not None:
             out["oom"] = oom
     return out
