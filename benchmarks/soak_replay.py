@@ -69,7 +69,8 @@ def soak(setting: str, n: int, seed: int) -> dict:
                 # graph's destructor throws); counted, kept, and not a
                 # replay mismatch. A fresh worker takes the next stream.
                 crashes += 1
-                first_crash = first_crash or {"error": str(e)[-1500:], "stream": p}
+                message = [x for x in str(e).splitlines() if x.strip() and not x.startswith("frame #")]
+                first_crash = first_crash or {"error": "\n".join(message[-12:]), "stream": p}
                 w.restart()
                 continue
             streams += 1
