@@ -78,5 +78,6 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     checked = getattr(module, "CHECKED", None)
     if checked:
         terminalreporter.section("allocator model vs c10: generated streams checked")
-        for setting, (streams, events) in checked.items():
-            terminalreporter.write_line(f"{setting}: {streams} streams, {events} events")
+        for setting, (streams, events, aborts) in checked.items():
+            rerun = f" ({aborts} rerun after torch's own abort, docs/allocator.md)" if aborts else ""
+            terminalreporter.write_line(f"{setting}: {streams} streams, {events} events{rerun}")

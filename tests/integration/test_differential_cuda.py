@@ -24,7 +24,7 @@ pytestmark = pytest.mark.cuda
 
 STREAMS = int(os.environ.get("ALLOCSCOPE_STREAMS", "30"))
 
-#: setting -> (streams, events) checked in this session (conftest prints them)
+#: setting -> [streams, events, torch aborts rerun] checked in this session (conftest prints them)
 CHECKED: dict[str, list[int]] = {}
 
 
@@ -47,7 +47,7 @@ def test_replay_is_exact_on_generated_streams(setting, workers):
     from hypothesis import HealthCheck, given, settings
 
     worker = workers(setting)
-    counts = CHECKED.setdefault(f"{setting} (torch {worker.torch})", [0, 0])
+    counts = CHECKED.setdefault(f"{setting} (torch {worker.torch})", [0, 0, 0])
 
     @settings(max_examples=STREAMS, deadline=None, derandomize=True, database=None,
               suppress_health_check=list(HealthCheck))
@@ -59,4 +59,5 @@ def test_replay_is_exact_on_generated_streams(setting, workers):
         assert not problems, "\n".join(problems) + "\nstream: " + json.dumps(program)
 
     exact()
+    counts[2] = len(worker.aborts)
     assert counts[0] >= STREAMS
