@@ -124,8 +124,8 @@ def waterfall(att: Attribution, m: Moment, th: dict[str, Any], tl: Timeline) -> 
         items.append({"item": item, "bytes": m.by_category[category] - t, "measured_bytes": m.by_category[category],
                       "theory_bytes": t, "detail": detail})
     items.append({"item": "allocator_rounding", "bytes": m.rounded_bytes - m.requested_bytes,
-                  "detail": "requests rounded up to the allocator's sizes (CUDA: multiples of 512 B, "
-                            "2 MiB above 10 MiB, or roundup_power2_divisions)"})
+                  "detail": "requests rounded up to the allocator's block sizes (CUDA: multiples of 512 B, "
+                            "or roundup_power2_divisions)"})
     unsplit = {"item": "unsplit_remainder", "bytes": m.allocated_bytes - m.rounded_bytes,
                "detail": "blocks handed out whole: the rest of a cached block too small to split off "
                          "(under 512 B; 1 MiB or less in the large pool), or any request of max_split_size_mb or more"}
@@ -140,7 +140,8 @@ def waterfall(att: Attribution, m: Moment, th: dict[str, Any], tl: Timeline) -> 
         reserved = int(tl.reserved[pos])
         items.append({"item": "cached_free", "bytes": reserved - m.allocated_bytes,
                       "detail": "reserved by the caching allocator but not allocated (cached blocks, "
-                                "fragmentation, unsplit remainders)"})
+                                "fragmentation" + (")" if att.blocks_exact else
+                                                   ", remainders of blocks the replay did not know)")})
         measured["reserved_bytes"] = reserved
         basis, total = "reserved", reserved
         base = att.capture.baseline("end") or att.capture.baseline("start")
