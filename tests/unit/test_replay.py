@@ -11,7 +11,7 @@ import allocscope
 from allocscope._format import EventKind
 from allocscope.writer import CaptureWriter
 from allocscope.allocator.replay import NotACudaCapture, replay
-from allocscope.reports.report import build_report
+from allocscope.reports.report import analyse, build_report
 from allocscope.allocator.whatif import suggest
 from allocscope.cli import main
 
@@ -234,3 +234,37 @@ def test_report_has_the_allocator_section(tmp_path, capsys):
     assert st["internal_fragmentation"] == 24
     assert main(["report", cap.path]) == 0
     assert "Allocator" in capsys.readouterr().out
+
+
+def test_block_sizes_come_from_an_exact_replay(tmp_path):
+    """y (3 MiB) freed and its block reused whole by a 2.5 MiB request (the
+    0.5 MiB rest is too small to split off in the large pool): allocated
+    bytes count the block, and the waterfall names the remainder."""
+    b = cuda_capture(tmp_path)
+    st = b.default_stream
+    seg(S2, EventKind.SEGMENT_ALLOC, 20 * MiB, b)
+    b.alloc(S2, 3 * MiB, stream=st)
+    b.alloc(S2 + 3 * MiB, 17 * MiB, stream=st)
+    b.free(S2)
+    b.alloc(S2, 5 * MiB // 2, stream=st)
+    b.mark("end")
+    b.baseline({"label": "end", "device_type": "cuda", "seq": len(b.events), "segments": [
+        {"device": 0, "address": S2, "total_size": 20 * MiB, "stream": 0, "is_large": True, "is_expandable": False,
+         "pool": [0, 0], "blocks": [[3 * MiB, 5 * MiB // 2, True, True], [17 * MiB, 17 * MiB, True, True]]}]})
+    cap = allocscope.load(b.write(b.path))
+    an = analyse(cap)
+    assert an.att.blocks_exact and an.replay.fidelity.exact
+    r = build_report(cap, at="end", analysis=an)
+    assert r["at"]["allocated_bytes"] == 20 * MiB and r["at"]["rounded_bytes"] == r["at"]["requested_bytes"]
+    gap = {i["item"]: i["bytes"] for i in r["gap"]}
+    assert gap["unsplit_remainder"] == MiB // 2 and gap["allocator_rounding"] == 0 and gap["cached_free"] == 0
+
+
+def test_without_an_exact_replay_blocks_are_the_rounded_requests(tmp_path):
+    cap = write_scenario(tmp_path, wrong=True)
+    an = analyse(cap)
+    assert not an.att.blocks_exact
+    assert (an.att.block == an.att.rounded).all()
+    r = build_report(cap, analysis=an)
+    assert any("did not follow the recording exactly" in w for w in r["warnings"])
+    assert {i["item"]: i["bytes"] for i in r["gap"]}["unsplit_remainder"] == 0
