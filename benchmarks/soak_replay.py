@@ -56,7 +56,7 @@ def _programs(setting: str, n: int, seed: int) -> list:
     return out
 
 
-def soak(setting: str, n: int, seed: int) -> dict:
+def soak(setting: str, n: int, seed: int, fresh_pool_map: bool = True) -> dict:
     from tests.support.request_streams import SETTINGS, TorchAborted, Worker, run_program
 
     t0 = time.perf_counter()
@@ -65,7 +65,8 @@ def soak(setting: str, n: int, seed: int) -> dict:
     with Worker(SETTINGS[setting]) as w:
         for p in _programs(setting, n, seed):
             try:
-                problems, ev = run_program(w, p)  # runs a stream again after one of torch's own aborts
+                # runs a stream again after one of torch's own aborts
+                problems, ev = run_program(w, p, fresh_pool_map=fresh_pool_map)
             except TorchAborted:
                 twice += 1  # aborted again in a fresh process: not checked, counted
                 w.restart()
@@ -193,6 +194,9 @@ def main() -> None:
     ap.add_argument("--what-if", action="store_true")
     ap.add_argument("--limit", help="a smaller card for --what-if, e.g. 4GiB")
     ap.add_argument("--torch-bug", action="store_true")
+    ap.add_argument("--keep-pool-map", action="store_true",
+                    help="one worker process throughout: measures how often c10's grown map of freeable "
+                         "graph pools (a documented limit) changes a replay")
     ap.add_argument("--out")
     args = ap.parse_args()
     from allocscope import vgpu
@@ -216,7 +220,7 @@ def main() -> None:
                     continue
                 report[key][s] = what_if(s, args.streams, args.seed, args.limit)
             else:
-                report[key][s] = soak(s, args.streams, args.seed)
+                report[key][s] = soak(s, args.streams, args.seed, fresh_pool_map=not args.keep_pool_map)
             print(s, json.dumps(report[key][s])[:300], file=sys.stderr)
         if args.limit:
             report["limit"] = args.limit
