@@ -15,14 +15,15 @@ the run (recorded, when recording).
 """
 
 import argparse
-import contextlib
-import json
+import os
+import sys
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-import allocscope
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.support.measured_run import measured_run  # noqa: E402
 
 VOCAB, D = 8192, 512
 
@@ -103,14 +104,7 @@ def main() -> None:
     ap.add_argument("--record")
     ap.add_argument("--steps", type=int, default=6)
     args = ap.parse_args()
-    ran_out = False
-    with allocscope.record(args.record, device="cuda") if args.record else contextlib.nullcontext() as rec:
-        try:
-            train(args.name, args.steps, rec)
-        except torch.cuda.OutOfMemoryError:
-            ran_out = True
-        torch.cuda.synchronize()
-    print(json.dumps({"oom": ran_out, "max_reserved": torch.cuda.max_memory_reserved()}))
+    measured_run(lambda rec: train(args.name, args.steps, rec), args.record)
 
 
 if __name__ == "__main__":

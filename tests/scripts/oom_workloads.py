@@ -20,14 +20,14 @@ With OUT it records to OUT; the last line printed is JSON: {"oom": the run
 ran out of memory, "max_reserved": torch's peak reserved bytes}.
 """
 
-import contextlib
-import json
+import os
 import sys
 
 import torch
 from torch import nn
 
-import allocscope
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from tests.support.measured_run import measured_run  # noqa: E402
 
 MiB = 1 << 20
 BUDGET = 1 << 30
@@ -74,17 +74,9 @@ WORKLOADS = {"batch": batch, "fragments": fragments, "pending": pending}
 
 def main() -> None:
     work = WORKLOADS[sys.argv[1]]
-    out = sys.argv[2] if len(sys.argv) > 2 else None
     torch.cuda.init()
     torch.cuda.set_per_process_memory_fraction(BUDGET / torch.cuda.get_device_properties(0).total_memory)
-    ran_out = False
-    with allocscope.record(out, device="cuda") if out else contextlib.nullcontext() as rec:
-        try:
-            work(rec)
-        except torch.cuda.OutOfMemoryError:
-            ran_out = True
-        torch.cuda.synchronize()
-    print(json.dumps({"oom": ran_out, "max_reserved": torch.cuda.max_memory_reserved()}))
+    measured_run(work, sys.argv[2] if len(sys.argv) > 2 else None)
 
 
 if __name__ == "__main__":
