@@ -61,3 +61,34 @@ def test_replay_is_exact_on_generated_streams(setting, workers):
     exact()
     counts[2] = len(worker.aborts)
     assert counts[0] >= STREAMS
+
+
+def test_replay_learns_a_pool_map_grown_before_recording(workers, monkeypatch):
+    """c10's map of freeable graph pools never shrinks: after a program had
+    eight pools freeable at once, a later recording releases pools in the
+    order of that larger map, which no capture shows. The replay learns its
+    size from the recorded order of segment frees (private_pools.py)."""
+    from ..support.request_streams import check
+
+    worker = workers("defaults")
+    graph = ["graph", [["alloc", 512, 0], ["free", 0]]]  # leaves one cached 2 MiB segment in its pool
+    grow = [graph] * 8 + [["drop_graph", 0]] * 8 + [["empty_cache"]]
+    # Pools a and a + 3 (a even), made freeable in that order, come out in
+    # another order from a map of 4 buckets than from one of 16: the first
+    # and fourth of five graphs, then the second and fifth (one pair starts
+    # even, whatever ids the process has reached).
+    later = [graph] * 5 + [["drop_graph", 0], ["drop_graph", 2], ["empty_cache"],
+                           ["drop_graph", 0], ["drop_graph", 1], ["empty_cache"]]
+    worker.restart()
+    for program in (grow, later):
+        path, measured = worker.run(program)
+        problems, rep, _ = check(path, measured)
+        assert not problems, "\n".join(problems)
+    worker.restart()
+    # a map of 4 buckets was enough for what the recording itself made
+    assert max(dev.freeable.buckets for dev in rep.devices.values()) > 4
+    from allocscope.allocator.recorded import SegmentChecker
+
+    monkeypatch.setattr(SegmentChecker, "upcoming_frees", lambda self, n: [])  # without the rule
+    problems, _, _ = check(path, measured)
+    assert any("segment events" in p for p in problems)

@@ -53,3 +53,23 @@ def test_a_map_behaves_as_a_dict():
     assert all(m[k] == k[0] for k in m) and len(m) == 26
     with pytest.raises(KeyError):
         m[(1, 0)]
+
+
+@settings(max_examples=200, deadline=None, derandomize=True, database=None)
+@given(st.integers(5, 40), st.data())
+def test_a_rehashed_map_has_the_order_of_a_grown_one(native, grown_to, data):
+    """What the replay does when a recording shows that c10's map of
+    freeable pools had grown before (private_pools.py): the survivors of a
+    map that once held `grown_to` pools iterate in the order of a fresh map
+    of them rehashed to that many buckets."""
+    keys = list(range(1, grown_to + 1))  # graph pool ids: consecutive
+    keep = data.draw(st.lists(st.sampled_from(keys), min_size=2, max_size=6, unique=True))
+    ops = [(0, k, 0) for k in keys] + [(1, k, 0) for k in keys if k not in keep]
+    (walk,) = native._testing.flat_hash_map_walks(ops)
+    grown = FlatHashMap(mempool_hash)
+    for k in keys:
+        grown[(k, 0)] = 0
+    fresh = FlatHashMap(mempool_hash)
+    for k in keep:
+        fresh[(k, 0)] = 0
+    assert [tuple(k) for k in walk] == list(fresh.rehashed(grown.buckets))

@@ -134,6 +134,17 @@ class FlatHashMap(Generic[K, V]):
         for e in old:
             self._emplace(e)
 
+    def rehashed(self, buckets: int) -> "FlatHashMap[K, V]":
+        """A copy with `buckets` slots (a power of two, at least twice the
+        entries), its entries emplaced in this map's order as c10's rehash
+        does: the map a longer history would have left."""
+        out: FlatHashMap[K, V] = FlatHashMap(self._hash)
+        out._reset(buckets)
+        for e in self._slots:
+            if e is not None:
+                out._emplace([e[0], e[1], 0])
+        return out
+
     def __delitem__(self, key: K) -> None:
         i = self._find(key)
         if i < 0:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import bisect
 import copy
 import re
+from typing import Callable
 
 from .blocks import (SEGMENT_ALLOC, SEGMENT_FREE, AddressSource, Block, BumpAddresses, Pool, PoolId, PrivatePool,
                      Segment, SegmentEvent, SegmentListener)
@@ -69,11 +70,15 @@ class DeviceAllocator(ExpandableSegments, PrivatePools):
 
     def __init__(self, config: AllocatorConfig, *, device: int = 0, total: int = 0, capacity: int | None = None,
                  addresses: AddressSource | None = None, segment_order: bool = False,
-                 on_segment_event: SegmentListener | None = None):
+                 on_segment_event: SegmentListener | None = None,
+                 recorded_frees: Callable[[int], list[int]] | None = None):
         """segment_order: free blocks of equal size are taken in segment
         creation order before address order (torch >= 2.12, see
         free_block_order). on_segment_event: called with each segment event
-        as it happens (the replay checks them against the recording)."""
+        as it happens (the replay checks them against the recording).
+        recorded_frees(n): the addresses of the next n segments the
+        recording frees (a faithful replay), which tell the size of c10's map
+        of freeable pools (private_pools.py)."""
         self.config = config
         self.device = device
         self.total = total  # the device's memory (cudaMemGetInfo total)
@@ -84,6 +89,7 @@ class DeviceAllocator(ExpandableSegments, PrivatePools):
         self.private: dict[PoolId, PrivatePool] = {}
         # No capture uses these: released when empty, in c10's hash-map order.
         self.freeable: FlatHashMap[PoolId, PrivatePool] = FlatHashMap(mempool_hash)
+        self.recorded_frees = recorded_frees
         self.captures: list[PoolId] = []  # captures underway (beginAllocateToPool)
         self.blocks: dict[int, Block] = {}  # mapped blocks by address
         self.unmapped: dict[int, Block] = {}
@@ -170,10 +176,11 @@ class DeviceAllocator(ExpandableSegments, PrivatePools):
         """The segment events malloc(size, stream) would make if the pending
         blocks `ready` completed first: tried on a copy, this state is left
         as it is."""
-        shared = {id(x): x for x in (self._addresses, self._on_segment_event)}
+        shared = {id(x): x for x in (self._addresses, self._on_segment_event, self.recorded_frees)}
         trial, blocks = copy.deepcopy((self, ready), shared)
         events: list[SegmentEvent] = []
         trial._on_segment_event = events.append
+        trial.recorded_frees = None
         trial.force = False
         for b in blocks:
             trial.complete(b)

@@ -57,9 +57,42 @@ class PrivatePools:
     def _release_freeable_pools(self: DeviceAllocator) -> None:
         """release_cached_blocks' last step: the unsplit blocks of every pool
         no capture uses, in the order of c10's hash map of them."""
+        if self.recorded_frees is not None and len(self.freeable) > 1:
+            self._follow_recorded_pool_order()
         for pool_id, owner in self.freeable.visit():
             self._release_blocks(owner.small)
             self._release_blocks(owner.large)
             if owner.segments <= 0:
                 del self.private[pool_id]
                 self.freeable.erase_current()
+
+    def _follow_recorded_pool_order(self: DeviceAllocator) -> None:
+        """c10's map of freeable pools grows and never shrinks: its size, and
+        so its order, depends on how many pools were ever freeable at once,
+        before the recording too. When several pools are about to release
+        segments in an order the map here does not give, the recording says
+        which larger map it was: the smallest one whose order gives the
+        recorded order of segment frees is kept from here on."""
+        segments = {pool_id: {b.addr for p in (owner.small, owner.large) for b in self._free_in_order(p)
+                              if not b.is_split and not b.seg.expandable}
+                    for pool_id, owner in ((k, self.freeable[k]) for k in self.freeable)}
+        releasing = [pool_id for pool_id, addrs in segments.items() if addrs]
+        if len(releasing) < 2:
+            return
+        owner_of = {a: pool_id for pool_id, addrs in segments.items() for a in addrs}
+        recorded: list = []
+        for addr in self.recorded_frees(sum(len(a) for a in segments.values())):
+            pool_id = owner_of.get(addr)
+            if pool_id is None:
+                break
+            if pool_id not in recorded:
+                recorded.append(pool_id)
+        if len(recorded) < len(releasing) or [p for p in self.freeable if segments[p]] == recorded:
+            return
+        buckets = max(self.freeable.buckets, 4)
+        while buckets <= 1 << 16:
+            bigger = self.freeable.rehashed(buckets)
+            if [p for p in bigger if segments.get(p)] == recorded:
+                self.freeable = bigger
+                return
+            buckets *= 2

@@ -88,6 +88,18 @@ class SegmentChecker:
                 return raddr
         return self.synthetic(kind, size)
 
+    def upcoming_frees(self, n: int) -> list[int]:
+        """The addresses of the next recorded segment frees, up to n, while
+        the replay still follows the recording (else none)."""
+        if not self.enabled or self.first_mismatch is not None:
+            return []
+        out = []
+        for _, kind, addr, _ in self.recorded[self.j:]:
+            if kind != SEGMENT_FREE or len(out) == n:
+                break
+            out.append(addr)
+        return out
+
     def check(self, e: SegmentEvent) -> None:
         if not self.enabled or self.first_mismatch is not None:
             return

@@ -194,7 +194,8 @@ class _Run:
         checker = self.checkers[d] = SegmentChecker(self.recorded_segments.get(d, []), self.faithful, self.synthetic)
         dev = DeviceAllocator(self.cfg, device=d, total=self.limit if self.limit is not None else total,
                               capacity=capacity, addresses=checker.address, segment_order=self.segment_order,
-                              on_segment_event=checker.check)
+                              on_segment_event=checker.check,
+                              recorded_frees=checker.upcoming_frees if self.faithful else None)
         if "fraction" in meta:
             dev.set_fraction(meta["fraction"])
         if self.cfg.per_process_memory_fraction is not None and not self.faithful:
