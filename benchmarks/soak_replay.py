@@ -5,17 +5,21 @@ For each PYTORCH_CUDA_ALLOC_CONF setting the model supports, generated
 request streams (tests/support/request_streams.py) run on the virtual GPU
 under the recorder and each capture is replayed: mismatches in segment
 events, block addresses, end snapshot, peak or OOMs are counted and the first
-one is kept (shrunk by hypothesis where --shrink).
+one is kept with its stream. Aborts of torch's own making (TORCH_ABORTS) are
+counted apart. --keep-pool-map: one worker process throughout (the others
+start afresh after a stream that grew c10's map of freeable graph pools).
 
 --what-if: every stream also runs with torch's defaults, and the model's
 prediction from that default-settings capture (what `allocscope simulate
 --config SETTING` does) is compared with the real allocator running the same
-stream under SETTING: peak reserved error (median, worst) and whether the
-out-of-memory errors are the same. --limit SIZE does the same for a smaller
-card: the default capture (on an H100) replayed with --limit SIZE against
-the real allocator on a virtual card of SIZE.
+stream under SETTING: peak reserved error (median, worst) where nothing runs
+out, else whether the first out-of-memory error is at the same request.
+--limit SIZE does the same for a smaller card: the default capture (on an
+H100) replayed with --limit SIZE against the real allocator on a virtual
+card of SIZE, the programs setting the same memory fractions.
 
-    python benchmarks/soak_replay.py [--streams 300] [--setting NAME ...] [--what-if] [--limit 4GiB] [--out FILE]
+    python benchmarks/soak_replay.py [--streams 300] [--setting NAME ...] [--keep-pool-map] [--out FILE]
+    python benchmarks/soak_replay.py --what-if [--limit 4GiB] [--setting NAME ...] [--out FILE]
     python benchmarks/soak_replay.py --torch-bug    # c10's own assertion under expandable segments + graphs
 """
 
