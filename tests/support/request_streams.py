@@ -356,9 +356,11 @@ def run_program(worker: Worker, program: list[Any], *, fresh_pool_map: bool = Tr
 
     c10 orders the release of several freeable CUDA-graph pools by a hash
     map that grows and never shrinks; a capture cannot show its size before
-    the recording started (docs/allocator.md). The model starts from a fresh
-    map, so after a program that grew it, the worker starts afresh (unless
-    fresh_pool_map is False: how often that limit shows is then measured)."""
+    the recording started, and the replay learns it from the recorded order
+    of segment frees (docs/allocator.md). After a program that grew it, the
+    worker starts afresh so that every stream starts from a known map,
+    unless fresh_pool_map is False (soak_replay.py --keep-pool-map holds the
+    learning to c10 that way)."""
     try:
         path, measured = worker.run(program)
     except TorchAborted as e:
