@@ -29,6 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from _common import emit, environment, on_virtual_gpu  # noqa: E402
+from tests.support.environment import with_alloc_conf  # noqa: E402
 
 LOOPS = ("conv", "recurrent", "attention", "checkpointed", "growing")
 GPU = "H100-80GB"
@@ -39,9 +40,7 @@ EXIT_ABORTS: list[dict] = []
 
 
 def run(loop: str, conf: str = "", record: str | None = None, memory: int | None = None) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")}
-    if conf:
-        env["PYTORCH_CUDA_ALLOC_CONF"] = conf
+    env = with_alloc_conf(conf)
     if memory is not None:
         env["ALLOCSCOPE_VGPU_MEMORY"] = str(memory)
     args = [sys.executable, os.path.join(ROOT, "benchmarks", "training_loops.py"), loop]

@@ -27,6 +27,7 @@ metadata says whether the device was virtual (virtual_gpu) and which.
 """
 
 import os
+import sys
 
 import torch
 from torch import nn
@@ -34,6 +35,8 @@ from torch import nn
 import allocscope
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
+from tests.support.environment import with_alloc_conf  # noqa: E402
 
 
 def train(path: str, device: str) -> None:
@@ -75,11 +78,8 @@ def allocator_fixtures(out: str, env: dict[str, str]) -> None:
     runs = [("fragment", "cuda_fragment_v1.alsc", ""), ("fragment", "cuda_fragment_expandable_v1.alsc",
                                                            "expandable_segments:True"), ("oom", "cuda_oom_v1.alsc", "")]
     for workload, name, conf in runs:
-        env = {k: v for k, v in env.items() if k not in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")}
-        if conf:
-            env["PYTORCH_CUDA_ALLOC_CONF"] = conf
-        subprocess.run([sys.executable, script, workload, os.path.join(out, name)], env=env, check=True,
-                       stdout=subprocess.DEVNULL)
+        subprocess.run([sys.executable, script, workload, os.path.join(out, name)], env=with_alloc_conf(conf, env),
+                       check=True, stdout=subprocess.DEVNULL)
 
 
 def cuda_fixtures(out: str, only_watched: bool) -> None:

@@ -17,6 +17,7 @@ from allocscope.reports.report import build_report
 from allocscope.allocator.sizes import allocation_size
 
 from ..conftest import ROOT
+from ..support.environment import with_alloc_conf
 
 pytestmark = pytest.mark.cuda
 
@@ -25,9 +26,7 @@ SCRIPT = os.path.join(ROOT, "tests", "scripts", "allocator_workloads.py")
 
 def record(tmp_path, workload, conf=""):
     path = tmp_path / f"{workload}{'-' + conf.split(':')[0] if conf else ''}.alsc"
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")}
-    if conf:
-        env["PYTORCH_CUDA_ALLOC_CONF"] = conf
+    env = with_alloc_conf(conf)
     out = subprocess.run([sys.executable, SCRIPT, workload, str(path)], env=env, capture_output=True, text=True)
     assert out.returncode == 0, f"{workload} exited {out.returncode}: {out.stderr[-2000:]}"
     return allocscope.load(path), int(out.stdout.split()[-1])

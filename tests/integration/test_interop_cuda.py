@@ -57,17 +57,17 @@ def test_imported_settings_are_the_ones_torch_ran_with(tmp_path, conf):
     """allocator_settings as _dump_snapshot writes it (torch 2.11 and 2.14:
     divisions keyed by interval, no limit as -1) reads back as the settings
     string torch parsed."""
-    import os
     import subprocess
     import sys
 
     from allocscope.allocator.config import parse_alloc_conf, recorded_config
 
+    from ..support.environment import with_alloc_conf
+
     path = tmp_path / "snap.pickle"
     code = ("import sys, torch; torch.cuda.memory._record_memory_history(max_entries=100); "
             "x = torch.empty(3 << 20, device='cuda'); del x; torch.cuda.memory._dump_snapshot(sys.argv[1])")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")}
-    env["PYTORCH_CUDA_ALLOC_CONF"] = conf
+    env = with_alloc_conf(conf)
     subprocess.run([sys.executable, "-c", code, str(path)], env=env, check=True, capture_output=True, timeout=120)
     out = str(tmp_path / "snap.alsc")
     import_snapshot(str(path), out)

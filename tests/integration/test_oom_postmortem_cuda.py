@@ -16,6 +16,7 @@ from allocscope.allocator.replay import replay
 from allocscope.reports.report import build_report
 
 from ..conftest import ROOT
+from ..support.environment import with_alloc_conf
 
 pytestmark = pytest.mark.cuda
 
@@ -25,9 +26,7 @@ SCRIPT = os.path.join(ROOT, "tests", "scripts", "oom_workloads.py")
 def run(workload, conf="", out=None):
     """Runs a workload in a fresh process under PYTORCH_CUDA_ALLOC_CONF=conf:
     {"oom": ..., "max_reserved": ...}."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")}
-    if conf:
-        env["PYTORCH_CUDA_ALLOC_CONF"] = conf
+    env = with_alloc_conf(conf)
     args = [sys.executable, SCRIPT, workload] + ([str(out)] if out else [])
     proc = subprocess.run(args, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, f"{workload} ({conf or 'defaults'}) exited {proc.returncode}: {proc.stderr[-2000:]}"

@@ -5,7 +5,6 @@ caching allocator (virtual GPU or hardware): the rounding of requests
 a capture's baseline)."""
 
 import json
-import os
 import random
 
 import pytest
@@ -15,6 +14,7 @@ from allocscope.allocator.config import parse_alloc_conf, recorded_config
 from allocscope.allocator.sizes import MIN_BLOCK, MIN_LARGE_ALLOC, MiB, round_size
 
 from ..conftest import run_python
+from ..support.environment import with_alloc_conf
 
 pytestmark = pytest.mark.cuda
 
@@ -51,9 +51,7 @@ def _sizes(seed: int) -> list[int]:
 @pytest.mark.parametrize("settings", SETTINGS)
 def test_round_size_and_settings_agree_with_c10(tmp_path, settings):
     sizes = _sizes(len(settings))
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")}
-    if settings:
-        env["PYTORCH_CUDA_ALLOC_CONF"] = settings
+    env = with_alloc_conf(settings)
     path = tmp_path / "rules.alsc"
     out = run_python(MEASURE, json.dumps(sizes), str(path), env=env)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -40,6 +40,8 @@ import sys
 import tempfile
 from typing import Any
 
+from .environment import with_alloc_conf
+
 __all__ = ["SETTINGS", "SIDE_STREAMS", "TORCH_ABORTS", "TorchAborted", "Worker", "check", "programs", "run_program"]
 
 SIDE_STREAMS = 2
@@ -241,11 +243,7 @@ class Worker:
                  fraction_of: int | None = None):
         self.conf = conf
         self.fraction_of = fraction_of  # programs' fractions are of this many bytes (None: the device's)
-        base = dict(os.environ if env is None else env)
-        for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
-            base.pop(k, None)
-        if conf:
-            base["PYTORCH_CUDA_ALLOC_CONF"] = conf
+        base = with_alloc_conf(conf, env)
         self._root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         base["PYTHONPATH"] = os.pathsep.join(p for p in (self._root, base.get("PYTHONPATH", "")) if p)
         self._env = base

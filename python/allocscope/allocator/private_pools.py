@@ -76,7 +76,7 @@ class PrivatePools:
         segments = {pool_id: {b.addr for p in (owner.small, owner.large) for b in self._free_in_order(p)
                               if not b.is_split and not b.seg.expandable}
                     for pool_id, owner in ((k, self.freeable[k]) for k in self.freeable)}
-        releasing = [pool_id for pool_id, addrs in segments.items() if addrs]
+        releasing = [pool_id for pool_id in self.freeable if segments[pool_id]]  # in the map's order
         if len(releasing) < 2:
             return
         owner_of = {a: pool_id for pool_id, addrs in segments.items() for a in addrs}
@@ -87,7 +87,7 @@ class PrivatePools:
                 break
             if pool_id not in recorded:
                 recorded.append(pool_id)
-        if len(recorded) < len(releasing) or [p for p in self.freeable if segments[p]] == recorded:
+        if len(recorded) < len(releasing) or releasing == recorded:
             return
         buckets = max(self.freeable.buckets, 4)
         while buckets <= 1 << 16:

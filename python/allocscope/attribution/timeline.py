@@ -69,10 +69,12 @@ def bucket_peaks(series: np.ndarray, points: int) -> np.ndarray:
     return edges[:-1] + np.argmax(vals, axis=1)
 
 
-def timeline(att: Attribution) -> Timeline:
+def timeline(att: Attribution, reserved: np.ndarray | None = None) -> Timeline:
     """Bytes live after each event; on CUDA also the bytes the caching
-    allocator held (from the baseline and the recorded segment events)."""
-    reserved = recorded_reserved(att.capture) if att.device_type == "cuda" else None
+    allocator held (from the baseline and the recorded segment events, or
+    `reserved` where the caller has them: recorded_reserved(capture))."""
+    if reserved is None and att.device_type == "cuda":
+        reserved = recorded_reserved(att.capture)
     return Timeline(live_series(att, att.size), live_series(att, att.block), reserved)
 
 

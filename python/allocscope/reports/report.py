@@ -49,7 +49,8 @@ def analyse(cap: Capture, *, replay_budget: int = REPLAY_BUDGET) -> Analysis:
         att = attribute(cap)
         return Analysis(cap, att, timeline(att))
     warnings: list[str] = []
-    at = request_at(cap, int(np.argmax(recorded_reserved(cap))) - 1)
+    reserved = recorded_reserved(cap)
+    at = request_at(cap, int(np.argmax(reserved)) - 1)
     stop = None
     if len(cap.events) > replay_budget:
         ooms = np.flatnonzero(cap.events.kind == EventKind.OOM)
@@ -71,7 +72,7 @@ def analyse(cap: Capture, *, replay_budget: int = REPLAY_BUDGET) -> Analysis:
     if rep is not None and not exact:
         warnings.append("the replay did not follow the recording exactly: block sizes are the rounded "
                         "requests (unsplit remainders count as cached free memory)")
-    return Analysis(cap, att, timeline(att), rep, at if rep is not None else None, warnings)
+    return Analysis(cap, att, timeline(att, reserved), rep, at if rep is not None else None, warnings)
 
 
 class MarkNotFound(LookupError):
