@@ -27,6 +27,8 @@ VGPU ?= H100-80GB
 PYTEST_SESSIONS = $(1) -m pytest -q tests -m "not cuda" $(2) && \
 	$(1) -m pytest -q tests -m cuda --vgpu $(VGPU) --tb=short $(2)
 GPU_CHECK_OUT ?= gpu-check
+# e.g. "--deadline $$(($$(date +%s) + 540))" to end inside a time limit
+GPU_CHECK_ARGS ?=
 
 .PHONY: demo test test-main test-compat test-system gpu-check browser bench clean
 
@@ -93,7 +95,7 @@ test-system:
 # and on the virtual GPU and compared; everything under $(GPU_CHECK_OUT)/.
 gpu-check:
 	$(PYTHON) -m pip install -q --no-build-isolation --no-deps -e .
-	$(PYTHON) benchmarks/gpu_check.py --out $(GPU_CHECK_OUT)
+	$(PYTHON) benchmarks/gpu_check.py --out $(GPU_CHECK_OUT) $(GPU_CHECK_ARGS)
 
 bench: $(VENV)/.built
 	$(PY) benchmarks/bench_cpu_overhead.py

@@ -17,7 +17,9 @@ On a machine with a GPU and torch preinstalled (allocscope built in place):
      size, in order), OOMs;
   5. summary.json: what ran, how long, its exit status.
 Each step runs in its own process with a time limit; a failing step does not
-stop the others. Without a GPU (--virtual, for testing this script) the
+stop the others. --deadline (a Unix time) cuts every step's limit so that the
+whole check ends by then, the suite last (it is the longest), and summary.json
+is rewritten after each step, so a check cut short still says what ran. Without a GPU (--virtual, for testing this script) the
 "real" side runs on a virtual GPU too.
 """
 
@@ -57,8 +59,17 @@ print(json.dumps({
 """
 
 
+DEADLINE: float | None = None
+
+
 def step(summary: list, name: str, cmd: list[str], out: str, timeout: float, env: dict | None = None) -> int:
     t0 = time.time()
+    if DEADLINE is not None:
+        timeout = min(timeout, DEADLINE - t0)
+        if timeout < 10:
+            summary.append({"step": name, "command": " ".join(cmd), "seconds": 0, "exit": None,
+                            "skipped": "no time left before --deadline"})
+            return 124
     with open(os.path.join(out, f"{name}.log"), "w") as log:
         try:
             rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, timeout=timeout,
@@ -117,7 +128,11 @@ def main() -> int:
     parser.add_argument("--out", default="gpu-check")
     parser.add_argument("--virtual", action="store_true", help="no GPU here: the real side runs on a virtual GPU")
     parser.add_argument("--skip-tests", action="store_true", help="leave out the test suite")
+    parser.add_argument("--only-tests", action="store_true", help="the machine and the test suite alone")
+    parser.add_argument("--deadline", type=float, help="Unix time by which every step has ended")
     args = parser.parse_args()
+    global DEADLINE
+    DEADLINE = args.deadline
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
     import torch
@@ -143,21 +158,39 @@ def main() -> int:
     with open(os.path.join(out, "machine.json"), "w") as f:
         json.dump(machine, f, indent=2)
 
-    # 2. the suite, on the GPU
+    def write_summary() -> None:
+        with open(os.path.join(out, "summary.json"), "w") as f:
+            json.dump({"command": " ".join(sys.argv), "torch": torch.__version__, "virtual": args.virtual,
+                       "machine": machine, "steps": summary}, f, indent=2)
+
+    write_summary()
+    if not args.only_tests:
+        comparison = measure(summary, out, python, real_env, machine, args.virtual, write_summary)
+    else:
+        comparison = {}
+
+    # the suite, on the GPU, last: it is the longest, and the others tell more per second
     if not args.skip_tests:
         extra = ["--vgpu", "H100-80GB", "-m", "cuda"] if args.virtual else []
         step(summary, "pytest", [python, "-m", "pytest", "-q", "tests", "-p", "no:cacheprovider", "--tb=short",
                                  f"--junitxml={os.path.join(out, 'pytest.xml')}", *extra], out, 1200, real_env)
+        write_summary()
 
-    # 3. the step benchmark
-    step(summary, "bench_step", [python, "benchmarks/bench_step.py", "--out", os.path.join(out, "step_gpu.json")],
-         out, 900, real_env)
+    print(json.dumps({"steps": summary, "fixtures": {k: v.get("same_segment_events") for k, v in comparison.items()
+                                                     if isinstance(v, dict) and "real" in v}}, indent=2))
+    return 0 if all(s["exit"] == 0 for s in summary) else 1
 
-    # 4. fixtures: real, and virtual of the same model, memory and context
+
+def measure(summary: list, out: str, python: str, real_env: dict, machine: dict, virtual: bool,
+            write_summary) -> dict:
+    """The fixtures recorded on both sides and compared, then the step benchmark."""
+    from allocscope import vgpu
+
+    # fixtures: real, and virtual of the same model, memory and context
     preset = preset_for(machine["device"]["name"])
     real_dir, virtual_dir = os.path.join(out, "fixtures", "real"), os.path.join(out, "fixtures", "virtual")
     step(summary, "fixtures_real", [python, "tests/data/make_fixtures.py", "--cuda", "--out", real_dir]
-         + (["--gpu", "H100-80GB"] if args.virtual else []), out, 900, real_env)
+         + (["--gpu", "H100-80GB"] if virtual else []), out, 900, real_env)
     virtual_env = vgpu.environment(preset, memory=machine["mem_get_info_total"],
                                    context=max(machine["used_before_first_tensor"], 0))
     # (on the virtual GPU, make_fixtures sees CUDA and records on it, children included)
@@ -166,23 +199,24 @@ def main() -> int:
     comparison = {"virtual_gpu": {"preset": preset, "memory": machine["mem_get_info_total"],
                                   "context": machine["used_before_first_tensor"]}}
     for name in FIXTURES:
-        real, virtual = os.path.join(real_dir, f"{name}.alsc"), os.path.join(virtual_dir, f"{name}.alsc")
-        if os.path.exists(real) and os.path.exists(virtual):
+        real_file, virtual_file = os.path.join(real_dir, f"{name}.alsc"), os.path.join(virtual_dir, f"{name}.alsc")
+        if os.path.exists(real_file) and os.path.exists(virtual_file):
             try:
-                comparison[name] = compare(real, virtual)
+                comparison[name] = compare(real_file, virtual_file)
             except Exception as e:  # a broken capture is a finding, not a crash
                 comparison[name] = {"error": f"{type(e).__name__}: {e}"}
         else:
-            comparison[name] = {"error": "missing", "real": os.path.exists(real), "virtual": os.path.exists(virtual)}
+            comparison[name] = {"error": "missing", "real": os.path.exists(real_file),
+                                "virtual": os.path.exists(virtual_file)}
     with open(os.path.join(out, "fixtures.json"), "w") as f:
         json.dump(comparison, f, indent=2)
+    write_summary()
 
-    with open(os.path.join(out, "summary.json"), "w") as f:
-        json.dump({"command": " ".join(sys.argv), "torch": torch.__version__, "virtual": args.virtual,
-                   "machine": machine, "steps": summary}, f, indent=2)
-    print(json.dumps({"steps": summary, "fixtures": {k: v.get("same_segment_events") for k, v in comparison.items()
-                                                     if isinstance(v, dict) and "real" in v}}, indent=2))
-    return 0 if all(s["exit"] == 0 for s in summary) else 1
+    step(summary, "bench_step", [python, "benchmarks/bench_step.py", "--out", os.path.join(out, "step_gpu.json")],
+         out, 900, real_env)
+    write_summary()
+
+    return comparison
 
 
 if __name__ == "__main__":

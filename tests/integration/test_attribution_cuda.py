@@ -97,8 +97,10 @@ def test_categories_match_memtracker_and_the_allocator(tmp_path, name):
         used = total - free
         if vgpu.active():  # nothing outside the allocator changes after the start on the virtual GPU
             assert r["measured"]["device_used_bytes"] == used, label
-        else:  # libraries may take device memory outside it on a GPU
-            assert abs(r["measured"]["device_used_bytes"] - used) <= 0.02 * used
+        else:  # on a GPU, kernels and libraries take memory outside it on first use, at moments not recorded
+            outside = r["measured"]["device_used_bytes"] - r["measured"]["reserved_bytes"]
+            grew = outside - r["measured"].get("outside_allocator_at_start_bytes", outside)
+            assert abs(r["measured"]["device_used_bytes"] - used) <= abs(grew) + 0.02 * used, label
     for which in ("allocated", "reserved"):
         assert moment(att, tl.peak(which), tl).by_category["unknown"] == 0, which
     assert tl.requested.max() == stats["step 1"][0]["requested_bytes.all.peak"]
@@ -164,7 +166,13 @@ def test_unsplit_remainders_are_named(tmp_path):
     memory_allocated()."""
     MiB = 1 << 20
     path = tmp_path / "unsplit.alsc"
-    with allocscope.record(path, device="cuda"):
+    # On a stream of its own: cached blocks are per stream, and blocks that
+    # earlier tests left cached (on a GPU, cuBLAS's and cuDNN's too) could
+    # serve c before a's block does (torch hands out pooled streams again:
+    # empty_cache drops what an earlier user of this one left cached).
+    own = torch.cuda.Stream()
+    torch.cuda.empty_cache()
+    with allocscope.record(path, device="cuda"), torch.cuda.stream(own):
         a = torch.empty(3 * MiB, dtype=torch.uint8, device="cuda")
         b = torch.empty(17 * MiB, dtype=torch.uint8, device="cuda")  # the rest of a's 20 MiB segment
         del a

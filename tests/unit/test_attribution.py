@@ -134,23 +134,31 @@ def test_at_a_mark(tmp_path):
     assert r["at"]["by_module"] == {"M.fc": 3000, "M": 400, "<no module>": 50}
 
 
-def test_cuda_line_items_rounding_cache_and_outside(tmp_path):
+def two_baselines(tmp_path, outside_at_start, outside_at_end):
+    """A CUDA capture: one 2 MiB segment at the start, a 20 MiB one and a
+    5,000,000 B request in it, then the end; device memory outside the
+    allocator as given at each baseline."""
     seg, seg2 = 0x7F0000000000, 0x7F0000200000
     b = CaptureWriter({"devices_recorded": ["cuda"]}, device=0)
 
-    def base(label, reserved):
+    def base(label, reserved, outside):
         return {"label": label, "device_type": "cuda", "seq": 0, "config": {"roundup_power2_divisions": []},
                 "segments": [{"device": 0, "address": seg, "total_size": 2 * MiB, "stream": 0,
                               "blocks": [[512, 100, True, True], [2 * MiB - 512, 0, False, False]]}],
-                "devices": [{"index": 0, "free": 0, "total": 0, "used": reserved + 300 * MiB,
+                "devices": [{"index": 0, "free": 0, "total": 0, "used": reserved + outside,
                              "stats": {"reserved_bytes": {"current": reserved, "peak": reserved}}}]}
 
-    b.baseline(base("start", 2 * MiB))
+    b.baseline(base("start", 2 * MiB, outside_at_start))
     b.event(K.SEGMENT_ALLOC, addr=seg2, size=20 * MiB)
     b.alloc(seg2, 5_000_000)
     b.free(seg2)
-    b.baseline(base("end", 22 * MiB))
-    cap = allocscope.load(b.write(tmp_path / "cuda.alsc"))
+    b.baseline(base("end", 22 * MiB, outside_at_end))
+    return b.write(tmp_path / "cuda.alsc")
+
+
+def test_cuda_line_items_rounding_cache_and_outside(tmp_path):
+
+    cap = allocscope.load(two_baselines(tmp_path, outside_at_start=300 * MiB, outside_at_end=300 * MiB))
     r = build_report(cap)
     # at the peak: the old 100 B request in a 512 B block, and 5,000,000 B
     # rounded up to 9766 x 512 = 5,000,192 B
@@ -162,6 +170,18 @@ def test_cuda_line_items_rounding_cache_and_outside(tmp_path):
                    "cached_free": 22 * MiB - (512 + 5_000_192), "outside_allocator": 300 * MiB}
     assert r["measured"]["total_bytes"] == 322 * MiB and r["measured"]["basis"] == "device_used"
     assert r["theory"]["total"] == 0 and r["peak_reserved"]["reserved_bytes"] == 22 * MiB
+    assert "outside_allocator_at_start_bytes" not in r["measured"]
+
+
+def test_memory_outside_the_allocator_that_grew_during_the_run_is_said(tmp_path):
+    """On a GPU, kernels and library handles load on first use: the end
+    reading is used, and the start reading is reported beside it."""
+    cap = allocscope.load(two_baselines(tmp_path, outside_at_start=500 * MiB, outside_at_end=740 * MiB))
+    r = build_report(cap)
+    item = next(i for i in r["gap"] if i["item"] == "outside_allocator")
+    assert item["bytes"] == 740 * MiB and r["measured"]["outside_allocator_at_start_bytes"] == 500 * MiB
+    assert f"up to {240 * MiB} bytes less" in item["detail"]
+    assert r["measured"]["total_bytes"] == 22 * MiB + 740 * MiB
 
 
 def test_a_waterfall_that_does_not_add_up_is_refused(tmp_path):

@@ -147,10 +147,18 @@ def waterfall(att: Attribution, m: Moment, th: dict[str, Any], tl: Timeline) -> 
         base = att.capture.baseline("end") or att.capture.baseline("start")
         outside = outside_allocator(base) if base else None
         if outside is not None:
-            items.append({"item": "outside_allocator", "bytes": outside,
-                          "detail": "device memory used outside PyTorch's allocator: the CUDA context, "
-                                    "libraries, other processes (read at the "
-                                    f"{base.get('label')} of recording)"})
+            detail = ("device memory used outside PyTorch's allocator: the CUDA context, libraries, other "
+                      f"processes (read at the {base.get('label')} of recording)")
+            start = att.capture.baseline("start")
+            at_start = outside_allocator(start) if start is not None and start is not base else None
+            if at_start is not None and at_start != outside:
+                # On a GPU this grows as CUDA loads kernels and libraries
+                # create handles on first use; when in between is not recorded.
+                detail += (f"; {at_start} bytes at the start: kernels and library handles (cuBLAS, cuDNN) "
+                           "load on first use, so earlier moments may have used up to "
+                           f"{outside - at_start} bytes less")
+                measured["outside_allocator_at_start_bytes"] = at_start
+            items.append({"item": "outside_allocator", "bytes": outside, "detail": detail})
             measured["device_used_bytes"] = reserved + outside
             basis, total = "device_used", reserved + outside
     measured["basis"] = basis
