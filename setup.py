@@ -143,6 +143,7 @@ def _extension():
         "csrc/bindings.cpp",
         "csrc/crc32.cpp",
         "csrc/cpu_allocator.cpp",
+        "csrc/ops.cpp",
         "csrc/pystack.cpp",
         "csrc/recorder.cpp",
         "csrc/stacks.cpp",

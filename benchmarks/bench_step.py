@@ -4,8 +4,9 @@ Models built in code (no downloads): a small GPT-style transformer and a
 ResNet-style CNN. Modes, interleaved over rounds (median reported):
   off               no recording
   allocscope-none   allocscope, no stacks
-  allocscope-python allocscope, Python stacks
-  allocscope-watch  allocscope, Python stacks, and rec.watch(model, optimizer)
+  allocscope-noops  allocscope, Python stacks, no op recording (ops=False)
+  allocscope-python allocscope, Python stacks and ops (the default)
+  allocscope-watch  allocscope, Python stacks, ops, and rec.watch(model, optimizer)
   torch-history     torch.cuda.memory._record_memory_history(stacks="python") (CUDA only)
 Also compares file sizes: an allocscope capture of the measured steps against
 torch's _dump_snapshot pickle of the same steps.
@@ -122,7 +123,7 @@ def timed(mode, model, opt, make_input, loss_fn, steps, device, path, snapshot_p
             torch.cuda.memory._record_memory_history(enabled=None)
         return t, None
     stacks = "none" if mode == "allocscope-none" else "python"
-    with allocscope.record(path, device=device, stacks=stacks) as rec:
+    with allocscope.record(path, device=device, stacks=stacks, ops=mode != "allocscope-noops") as rec:
         if mode == "allocscope-watch":
             rec.watch(model, opt)
         t = run_steps(model, opt, make_input, loss_fn, steps, device)
@@ -142,7 +143,7 @@ def main():
     torch.manual_seed(0)
     tmp = tempfile.mkdtemp()
     path = os.path.join(tmp, "step.alsc")
-    modes = ["off", "allocscope-none", "allocscope-python", "allocscope-watch"] + (["torch-history"] if args.device == "cuda" else [])
+    modes = ["off", "allocscope-none", "allocscope-noops", "allocscope-python", "allocscope-watch"] + (["torch-history"] if args.device == "cuda" else [])
     results = {}
     for name, (model, make_input, loss_fn, config) in workloads(args.device, args.small).items():
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -173,6 +174,7 @@ def main():
             "allocations_per_step": round(cap.events.counts().get("alloc", 0) / args.steps, 1),
             "watch_annotations_per_step": round(annotations / args.steps, 1),
             "watch_over_recording_pct": round(100 * (med["allocscope-watch"] / med["allocscope-python"] - 1), 2),
+            "ops_over_stacks_pct": round(100 * (med["allocscope-python"] / med["allocscope-noops"] - 1), 2),
             "files": sizes,
         }
         del model, opt

@@ -5,6 +5,7 @@
 
 #include "cpu_allocator.h"
 #include "format.h"
+#include "ops.h"
 #include "recorder.h"
 #ifdef ALLOCSCOPE_WITH_CUDA
 #include "cuda_allocator.h"
@@ -30,10 +31,10 @@ PYBIND11_MODULE(_C, m) {
 
   m.def(
       "start",
-      [](const std::string& path, const std::string& metadata_json, bool python_stacks) {
-        Recorder::get().start(StartOptions{path, metadata_json, python_stacks});
+      [](const std::string& path, const std::string& metadata_json, bool python_stacks, bool ops) {
+        Recorder::get().start(StartOptions{path, metadata_json, python_stacks, ops});
       },
-      py::arg("path"), py::arg("metadata_json"), py::arg("python_stacks"));
+      py::arg("path"), py::arg("metadata_json"), py::arg("python_stacks"), py::arg("ops") = true);
   m.def(
       "stop",
       [](const std::string& reason) {
@@ -50,6 +51,7 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("reason"));
   m.def("is_active", [] { return Recorder::get().active(); });
+  m.def("ops_active", &ops::active);
   m.def("walker", [] { return Recorder::get().walker(); });
   m.def("next_seq", [] { return Recorder::get().next_seq(); });
   m.def(

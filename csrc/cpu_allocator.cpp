@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "adopt.h"
+#include "ops.h"
 
 namespace allocscope::cpu {
 namespace {
@@ -29,7 +30,8 @@ class RecordingCPUAllocator final : public c10::Allocator {
   c10::DataPtr allocate(size_t n) override {
     EmitScope scope;
     if (!scope) return inner_->allocate(n);
-    uint32_t stack = Recorder::get().capture_stack();
+    ops::Current op = ops::current();
+    uint32_t stack = op.forward_stack != 0 ? op.forward_stack : Recorder::get().capture_stack();
     int64_t t0 = now_ns();
     c10::DataPtr d = inner_->allocate(n);
     int64_t t1 = now_ns();
@@ -40,6 +42,7 @@ class RecordingCPUAllocator final : public c10::Allocator {
     ev.addr = reinterpret_cast<uintptr_t>(d.get());
     ev.size = n;
     ev.stack = stack;
+    ev.op = op.op;
     ev.arg = static_cast<uint64_t>(t1 - t0);
     ev.time_ns = t1;
     ev.stream = format::kCpuStream;

@@ -10,6 +10,7 @@
 
 #include "adopt.h"
 #include "clock.h"
+#include "ops.h"
 #include "torch_version.h"
 
 namespace allocscope::cuda {
@@ -336,9 +337,11 @@ class RecordingCUDAAllocator final : public cca::CUDAAllocator {
   Result record_alloc(size_t n, const cudaStream_t* stream, Alloc&& alloc) {
     EmitScope scope;
     if (!scope) return alloc();
-    // The stack is taken before the wrapped allocator runs: no allocator lock
-    // is held here.
-    uint32_t stack = Recorder::get().capture_stack();
+    // The stack and op are taken before the wrapped allocator runs: no
+    // allocator lock is held here. In an autograd node, the stack is that of
+    // the forward op that made the node (ops.h).
+    ops::Current op = ops::current();
+    uint32_t stack = op.forward_stack != 0 ? op.forward_stack : Recorder::get().capture_stack();
     CudaThreadState& tl = t_state;
     tl.oom_seen = false;
     tl.pool = {0, 0};
@@ -354,6 +357,7 @@ class RecordingCUDAAllocator final : public cca::CUDAAllocator {
       ev.kind = format::kOom;
       ev.size = n;
       ev.stack = stack;
+      ev.op = op.op;
       ev.block = tl.oom_seen ? tl.oom_rounded : 0;
       ev.arg = tl.oom_seen ? tl.oom_free : 0;
       ev.stream = stream_index(device, stream ? reinterpret_cast<uintptr_t>(*stream) : g_env->current_stream(device));
@@ -379,6 +383,7 @@ class RecordingCUDAAllocator final : public cca::CUDAAllocator {
     ev.kind = format::kAlloc;
     ev.size = n;
     ev.stack = stack;
+    ev.op = op.op;
     ev.arg = static_cast<uint64_t>(t1 - t0);
     scope.push(ev);
     return result;

@@ -20,7 +20,7 @@ namespace allocscope::format {
 
 // \x89 catches 7-bit transfers, \r\n and \n catch newline translation.
 inline constexpr char kMagic[8] = {'\x89', 'A', 'L', 'S', '\r', '\n', '\x1a', '\n'};
-inline constexpr uint32_t kFormatVersion = 1;
+inline constexpr uint32_t kFormatVersion = 2;  // 2: the op column
 inline constexpr uint32_t kHeaderSize = 16;
 inline constexpr uint32_t kChunkHeaderSize = 12;
 

@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "clock.h"
+#include "ops.h"
 #include "pystack.h"
 #include "writer.h"
 
@@ -220,6 +221,7 @@ void Recorder::start(const StartOptions& options) {
   sigterm_installed_ = install_sigterm_handler();
   writer_thread_ = std::thread(&Recorder::writer_main, this);
   active_.store(true, std::memory_order_seq_cst);
+  if (options.ops) ops::start(python_stacks_);
 }
 
 void Recorder::wait_until_idle(int64_t timeout_ns) {
@@ -241,6 +243,7 @@ StopSummary Recorder::stop(const std::string& reason) {
     // Threads in the recorder may be waiting for the GIL (a new stack) or for
     // the writer (a full ring): release the GIL while waiting for them.
     pystack::GilRelease nogil;
+    ops::stop();
     active_.store(false, std::memory_order_seq_cst);
     wait_until_idle(0);
     {
@@ -284,6 +287,14 @@ bool Recorder::annotate(uint8_t kind, const std::string& label, uint64_t addr, u
   {
     std::lock_guard<std::mutex> lock(tables_.mu);
     id = tables_.intern_string(label);
+  }
+  if ((kind == format::kModuleEnter || kind == format::kModuleExit) && !(addr & 1) && id != InternTables::kFull) {
+    // Forward module scopes: the module behind each autograd node (ops.h)
+    if (kind == format::kModuleEnter) {
+      ops::module_entered(id, (addr & 2) != 0);
+    } else {
+      ops::module_exited(id);
+    }
   }
   RawEvent ev;
   ev.kind = kind;

@@ -38,6 +38,7 @@ struct RawEvent {
   uint64_t block = 0;
   uint64_t arg = 0;
   uint32_t stack = 0;
+  uint32_t op = 0;  // stack-tree node of the op chain (ops.h)
   uint16_t thread = 0;
   uint16_t stream = 0;
   uint8_t kind = 0;
@@ -70,6 +71,7 @@ struct StartOptions {
   std::string path;
   std::string metadata_json;
   bool python_stacks = true;
+  bool ops = true;  // the op behind each allocation (ops.h)
 };
 
 struct StopSummary {
@@ -94,6 +96,8 @@ class Recorder {
   bool active() const { return active_.load(std::memory_order_relaxed); }
   std::string walker() const { return walker_; }
   uint64_t next_seq() const { return ring_.head(); }
+  // Changes with every recording: ids cached by threads are of one.
+  uint64_t generation() const { return generation_.load(std::memory_order_relaxed); }
   // Queues a JSON chunk (baseline) for the writer.
   void add_json_chunk(uint8_t type, std::string json);
   // Interns `label` and records an annotation event (kMark..kLastAnnotation).

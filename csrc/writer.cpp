@@ -262,6 +262,7 @@ void Writer::write_events(const std::vector<RawEvent>& events, uint64_t first_se
   column([&](size_t i) { return events[i].block; });
   column([&](size_t i) { return uint64_t{events[i].stack}; });
   column([&](size_t i) { return events[i].arg; });
+  column([&](size_t i) { return uint64_t{events[i].op}; });
 
   if (write_chunk(kChunkEvents, payload_)) {
     events_written_ += n;

@@ -3,12 +3,15 @@
 from typing import Any
 
 def built_with_cuda() -> bool: ...
-def start(path: str, metadata_json: str, python_stacks: bool) -> None:
-    """Opens the file (truncating it), writes header and metadata, starts the writer thread."""
+def start(path: str, metadata_json: str, python_stacks: bool, ops: bool = True) -> None:
+    """Opens the file (truncating it), writes header and metadata, starts the writer thread;
+    ops: record the op behind each allocation (a RecordFunction callback while recording)."""
 def stop(reason: str) -> dict[str, Any]:
     """Stops recording, waits for threads inside the recorder, writes the footer.
     Keys: events, dropped, bytes, stacks, stack_misses, stack_overflows, error."""
 def is_active() -> bool: ...
+def ops_active() -> bool:
+    """Whether ops are recorded (then autograd nodes write their modules' backward scopes)."""
 def walker() -> str: ...
 def next_seq() -> int: ...
 def annotate(kind: int, label: str, addr: int = 0, size: int = 0, with_stack: bool = False) -> bool:

@@ -18,7 +18,9 @@ from typing import Iterable, Sequence
 import numpy as np
 
 MAGIC = b"\x89ALS\r\n\x1a\n"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# Version 1 files have no op column; they load with every op 0 (no op).
+READABLE_VERSIONS = (1, 2)
 HEADER = struct.Struct("<8sII")  # magic, version, flags
 CHUNK_HEADER = struct.Struct("<BBHII")  # type, 0, 0, length, crc
 VIA_ALLOCATOR = 0x80
@@ -95,7 +97,12 @@ class Encoding(enum.IntEnum):
     SPARSE = 3
 
 
-COLUMNS = ("kind", "time", "thread", "stream", "addr", "size", "block", "stack", "arg")
+COLUMNS = ("kind", "time", "thread", "stream", "addr", "size", "block", "stack", "arg", "op")
+
+
+def columns_of(version: int) -> tuple[str, ...]:
+    """The event columns a file of this format version stores."""
+    return COLUMNS if version >= 2 else COLUMNS[:-1]
 NO_STREAM = 0
 CPU_STREAM = 1
 
@@ -196,9 +203,9 @@ def decode_column(data: memoryview, pos: int, count: int) -> tuple[np.ndarray, i
 class EventBlock:
     """The decoded columns of one EVENTS chunk."""
 
-    __slots__ = ("first_seq", "kind", "time", "thread", "stream", "addr", "size", "block", "stack", "arg")
+    __slots__ = ("first_seq", "kind", "time", "thread", "stream", "addr", "size", "block", "stack", "arg", "op")
 
-    def __init__(self, payload: memoryview):
+    def __init__(self, payload: memoryview, version: int = FORMAT_VERSION):
         count, pos = read_varint(payload, 0)
         if count == 0 or count > len(payload):
             raise FormatError("event count is inconsistent with the chunk size")
@@ -215,23 +222,27 @@ class EventBlock:
         self.kind = np.frombuffer(payload, np.uint8, count, pos + 1).copy()
         pos += 1 + count
         columns = []
-        for _ in COLUMNS[1:]:
+        for _ in columns_of(version)[1:]:
             values, pos = decode_column(payload, pos, count)
             columns.append(values)
         if pos != len(payload):
             raise FormatError("bytes left at the end of an events chunk")
-        dtime, thread, stream, daddr, self.size, self.block, stack, self.arg = columns
+        if version < 2:
+            columns.append(np.zeros(count, np.uint64))
+        dtime, thread, stream, daddr, self.size, self.block, stack, self.arg, op = columns
         base = unzigzag(np.array([base_time], np.uint64))[0]
         with np.errstate(over="ignore"):
             self.time = np.cumsum(unzigzag(dtime)) + base
             addr = np.cumsum(unzigzag(daddr)).view(np.uint64)
             self.addr = addr << np.uint64(shift)
-        for name, values, limit in (("thread", thread, 1 << 16), ("stream", stream, 1 << 16), ("stack", stack, 1 << 32)):
+        for name, values, limit in (("thread", thread, 1 << 16), ("stream", stream, 1 << 16), ("stack", stack, 1 << 32),
+                                    ("op", op, 1 << 32)):
             if int(values.max()) >= limit:
                 raise FormatError(f"{name} index out of range")
         self.thread = thread.astype(np.uint16)
         self.stream = stream.astype(np.uint16)
         self.stack = stack.astype(np.uint32)
+        self.op = op.astype(np.uint32)
 
 
 def table_entries(payload: memoryview, expected_first: int) -> tuple[int, int]:
@@ -337,9 +348,10 @@ def _encode_array_column(values: np.ndarray) -> bytes:
     return bytes([Encoding.DENSE]) + varint(len(dense)) + dense
 
 
-def encode_event_columns(cols: dict[str, np.ndarray], first_seq: int) -> bytes:
-    """EVENTS payload from numpy columns (COLUMNS names; addr as uint64), the
-    vectorised twin of encode_events (CONST or DENSE columns only)."""
+def encode_event_columns(cols: dict[str, np.ndarray], first_seq: int, version: int = FORMAT_VERSION) -> bytes:
+    """EVENTS payload from numpy columns (COLUMNS names, "op" optional; addr
+    as uint64), the vectorised twin of encode_events (CONST or DENSE columns
+    only)."""
     n = len(cols["kind"])
     if not n:
         raise ValueError("an events chunk holds at least one event")
@@ -357,14 +369,16 @@ def encode_event_columns(cols: dict[str, np.ndarray], first_seq: int) -> bytes:
     out += _encode_array_column(np.asarray(cols["thread"]).astype(np.uint64))
     out += _encode_array_column(np.asarray(cols["stream"]).astype(np.uint64))
     out += _encode_array_column(zigzag_array(daddr))
-    for name in COLUMNS[5:]:
-        out += _encode_array_column(np.asarray(cols[name]).astype(np.uint64))
+    for name in columns_of(version)[5:]:
+        column = cols.get(name)
+        out += _encode_array_column(np.zeros(n, np.uint64) if column is None else
+                                    np.asarray(column).astype(np.uint64))
     return bytes(out)
 
 
-def encode_events(rows: Iterable[Sequence[int]], first_seq: int) -> bytes:
-    """EVENTS payload from rows of (kind, time, thread, stream, addr, size, block, stack, arg)."""
-    rows = [tuple(int(x) for x in r) for r in rows]
+def encode_events(rows: Iterable[Sequence[int]], first_seq: int, version: int = FORMAT_VERSION) -> bytes:
+    """EVENTS payload from rows of (kind, time, thread, stream, addr, size, block, stack, arg[, op])."""
+    rows = [tuple(int(x) for x in r) + (0,) * (len(COLUMNS) - len(r)) for r in rows]
     if not rows:
         raise ValueError("an events chunk holds at least one event")
     cols = list(zip(*rows, strict=True))
@@ -381,6 +395,6 @@ def encode_events(rows: Iterable[Sequence[int]], first_seq: int) -> bytes:
     out += encode_column(cols[2])
     out += encode_column(cols[3])
     out += encode_column([zigzag(a - (addrs[i - 1] if i else 0)) for i, a in enumerate(addrs)])
-    for c in cols[5:]:
+    for c in cols[5:len(columns_of(version))]:
         out += encode_column(c)
     return bytes(out)

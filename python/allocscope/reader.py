@@ -91,6 +91,7 @@ _EVENT_FIELDS = {
     "block": np.uint64,
     "stack": np.uint32,
     "arg": np.uint64,
+    "op": np.uint32,
 }
 
 
@@ -100,7 +101,10 @@ class Events:
     kind: EventKind value (the via-allocator bit is split out into
     via_allocator); device: derived from the stream (-1 CPU, -2 none);
     arg: per kind (ALLOC: ns spent in the wrapped allocator; OOM: device
-    free bytes; MARK and annotations: string id of the label).
+    free bytes; MARK and annotations: string id of the label); op: the stack
+    node of the op chain behind an ALLOC or OOM (Capture.stack gives its
+    frames: `<aten>` ops and `<autograd>` nodes, innermost first; 0: none or
+    not recorded, as in format 1 files).
     """
 
     __slots__ = tuple(_EVENT_FIELDS)
@@ -117,6 +121,7 @@ class Events:
     block: np.ndarray
     stack: np.ndarray
     arg: np.ndarray
+    op: np.ndarray
 
     def __init__(self, **columns: np.ndarray):
         for name, dtype in _EVENT_FIELDS.items():
@@ -254,11 +259,11 @@ class _Decoder:
                 raise CorruptCaptureError(f"{self.path}: the file ends inside its header")
             raise NotACaptureError(f"{self.path} is not an allocscope capture file")
         _, version, _flags = F.HEADER.unpack_from(self.data, 0)
-        if version != F.FORMAT_VERSION:
+        if version not in F.READABLE_VERSIONS:
             newer = "newer than" if version > F.FORMAT_VERSION else "older than"
             raise UnsupportedVersionError(
-                f"{self.path} uses capture format version {version}, {newer} the version this allocscope reads "
-                f"({F.FORMAT_VERSION})")
+                f"{self.path} uses capture format version {version}, {newer} the versions this allocscope reads "
+                f"({', '.join(map(str, F.READABLE_VERSIONS))})")
         self.capture.version = version
 
     def _chunks(self) -> Iterator[tuple[int, memoryview, int]]:
@@ -290,7 +295,7 @@ class _Decoder:
     def _chunk(self, kind: int, payload: memoryview) -> None:
         c = self.capture
         if kind == F.Chunk.EVENTS:
-            block = F.EventBlock(payload)
+            block = F.EventBlock(payload, self.capture.version)
             self._check_references(block)
             self.blocks.append(block)
         elif kind == F.Chunk.STRINGS:
@@ -365,7 +370,7 @@ class _Decoder:
         # Before any table chunk, the reserved entries stand in (the root stack,
         # the overflow thread, no-device and CPU streams).
         c = self.capture
-        if int(block.stack.max()) >= (len(self.node_rows) or 1):
+        if max(int(block.stack.max()), int(block.op.max())) >= (len(self.node_rows) or 1):
             raise FormatError("event names a stack not yet defined")
         if int(block.thread.max()) >= (len(c.threads) or 1):
             raise FormatError("event names a thread not yet defined")
@@ -391,6 +396,6 @@ class _Decoder:
             seq=seq, time_ns=cat("time"), kind=raw_kind & F.KIND_MASK,
             via_allocator=(raw_kind & F.VIA_ALLOCATOR) != 0, thread=cat("thread"), stream=stream,
             device=stream_device[stream], addr=cat("addr"), size=cat("size"), block=cat("block"),
-            stack=cat("stack"), arg=cat("arg"))
+            stack=cat("stack"), arg=cat("arg"), op=cat("op"))
         if c.footer is not None and c.footer.get("dropped", 0):
             c.warnings.append(f"{c.footer['dropped']} events were lost to write errors while recording")

@@ -73,7 +73,7 @@ class Recording:
     """
 
     def __init__(self, path: str | os.PathLike[str], *, device: Any = None, stacks: str = "python",
-                 _check_cuda: bool = True):
+                 ops: bool = True, _check_cuda: bool = True):
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"path must be a str or os.PathLike, not {type(path).__name__}")
         if stacks not in STACK_MODES:
@@ -81,6 +81,7 @@ class Recording:
         _device_type(device)
         self.path = os.path.abspath(os.fspath(path))
         self.stacks = stacks
+        self.ops = bool(ops)
         self._device = device
         self._check_cuda = _check_cuda  # False only for the no-GPU test harness
         self.devices: tuple[str, ...] = ()
@@ -111,7 +112,7 @@ class Recording:
                 raise AllocscopeError(f"allocscope is already recording to {where}; one recording at a time")
             metadata = self._metadata()
             try:
-                C.start(self.path, json.dumps(metadata), self.stacks == "python")
+                C.start(self.path, json.dumps(metadata), self.stacks == "python", self.ops)
             except RuntimeError as e:
                 raise AllocscopeError(str(e)) from None
             try:
@@ -195,8 +196,8 @@ class Recording:
         from ._metadata import collect
 
         if self._check_cuda:
-            return collect(list(self.devices), self.stacks)
-        return collect(["cpu"], self.stacks) | {"devices_recorded": ["cuda"], "fake_cuda": True}
+            return collect(list(self.devices), self.stacks, self.ops)
+        return collect(["cpu"], self.stacks, self.ops) | {"devices_recorded": ["cuda"], "fake_cuda": True}
 
     def _cuda_devices(self) -> list[int]:
         if not self._check_cuda:
@@ -228,18 +229,22 @@ class record(contextlib.ContextDecorator):
     path: the capture file to write (overwritten).
     device: 'cuda', 'cpu', or None for CUDA when available, else the CPU.
     stacks: 'python' records the Python stack of every allocation; 'none' does not.
+    ops: record the op behind every allocation (and give allocations in
+    backward the Python stack of their forward op); it costs a little on
+    every op, allocating or not.
 
     Used as a decorator, each call records anew into the same file.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, device: Any = None, stacks: str = "python"):
-        self._args = (path, device, stacks)
-        Recording(path, device=device, stacks=stacks)  # validate the arguments now
+    def __init__(self, path: str | os.PathLike[str], *, device: Any = None, stacks: str = "python",
+                 ops: bool = True):
+        self._args = (path, device, stacks, ops)
+        Recording(path, device=device, stacks=stacks, ops=ops)  # validate the arguments now
         self._recordings: list[Recording] = []
 
     def __enter__(self) -> Recording:
-        path, device, stacks = self._args
-        rec = Recording(path, device=device, stacks=stacks).start()
+        path, device, stacks, ops = self._args
+        rec = Recording(path, device=device, stacks=stacks, ops=ops).start()
         self._recordings.append(rec)
         return rec
 

@@ -13,9 +13,15 @@ allocations live at that address at that moment.
 
 It only observes. The hooks it adds return nothing (so outputs and gradients
 are untouched) and are removed when the recording stops. The one global
-change is a thin wrapper around torch.autograd.backward, which Tensor.backward
-calls, so that the backward phase starts before the loss's own backward
-kernels allocate; it is restored when the last watch ends.
+change is a thin wrapper around torch.autograd.backward (which Tensor.backward
+calls) and torch.autograd.grad, so that the backward phase starts before the
+loss's own backward kernels allocate; they are restored when the last watch
+ends.
+
+Backward module scopes: where the recording records ops (the default), the
+recorder writes them itself as autograd nodes run (csrc/ops.h: each node
+knows the module whose forward made it). Otherwise each module's forward
+hooks register pre-hooks on the autograd nodes of its inputs and outputs.
 """
 
 from __future__ import annotations
@@ -121,6 +127,7 @@ class _Process:
 
     watches: "weakref.WeakSet[Watch]" = weakref.WeakSet()
     original_backward: Any = None
+    original_grad: Any = None
     phase = "other"
     iteration = 0
     in_backward = False
@@ -135,6 +142,8 @@ class _Process:
         if cls.original_backward is None:
             cls.original_backward = torch.autograd.backward
             torch.autograd.backward = cls._backward  # type: ignore[assignment]
+            cls.original_grad = torch.autograd.grad
+            torch.autograd.grad = cls._grad  # type: ignore[assignment]
 
     @classmethod
     def discard(cls, w: "Watch") -> None:
@@ -144,7 +153,9 @@ class _Process:
         if not cls.watches and cls.original_backward is not None:
             if torch.autograd.backward is cls._backward:
                 torch.autograd.backward = cls.original_backward
-            cls.original_backward = None
+            if torch.autograd.grad is cls._grad:
+                torch.autograd.grad = cls.original_grad
+            cls.original_backward = cls.original_grad = None
 
     @classmethod
     def set_phase(cls, phase: str, *, force: bool = False) -> None:
@@ -164,12 +175,19 @@ class _Process:
 
     @staticmethod
     def _backward(*args: Any, **kwargs: Any) -> Any:
-        original = _Process.original_backward
+        return _Process._in_backward_phase(_Process.original_backward, args, kwargs)
+
+    @staticmethod
+    def _grad(*args: Any, **kwargs: Any) -> Any:
+        return _Process._in_backward_phase(_Process.original_grad, args, kwargs)
+
+    @staticmethod
+    def _in_backward_phase(original: Any, args: Any, kwargs: Any) -> Any:
         nested = _Process.in_backward  # (a backward inside a backward hook)
         if not nested:
             _Process.enter_backward()
         try:
-            return original(*args, **kwargs)  # type: ignore[misc]
+            return original(*args, **kwargs)
         finally:
             if not nested:
                 _Process.leave_backward()
@@ -192,6 +210,8 @@ class Watch:
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, not {type(optimizer).__name__}")
         self.name = name or type(model).__name__
         self._annotate = native().annotate  # (kind, label, addr, size, with_stack); False when not recording
+        # The recorder writes backward scopes itself when it records ops.
+        self._node_hooks = not native().ops_active()
         self._handles: list[Any] = []
         self._local = threading.local()  # per thread: the forward module stack, the saved-tensor hooks
         self._param_fingerprint: tuple[int, ...] = ()
@@ -343,6 +363,7 @@ class Watch:
         flags = _LEAF if leaf else 0
         grad_enabled = torch.is_grad_enabled
         annotate = self._annotate
+        node_hooks = self._node_hooks
 
         def backward_begins(grad_outputs: Any) -> None:
             self._backward_hook_enter(name, flags)
@@ -359,7 +380,7 @@ class Watch:
                 self._begin_forward(module, args)
             stack.append(name)
             annotate(_ENTER, name, flags, 0, False)
-            if grad_enabled() and not _Process.in_backward:
+            if node_hooks and grad_enabled() and not _Process.in_backward:
                 # The module's backward is done when the node that made its
                 # input is about to run: every gradient for the input is in.
                 for node in _grad_nodes(args):
@@ -373,7 +394,7 @@ class Watch:
             annotate(_EXIT, name, flags, produced, False)
             if root and not stack and getattr(self._local, "saved_hooks", None) is not None:
                 self._end_forward()
-            if grad_enabled() and not _Process.in_backward:
+            if node_hooks and grad_enabled() and not _Process.in_backward:
                 # Its backward begins when the node that made an output runs.
                 for node in _grad_nodes(output):
                     node.register_prehook(backward_begins)

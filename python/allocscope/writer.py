@@ -90,11 +90,12 @@ class CaptureWriter:
     # ---- events
 
     def event(self, kind: int, *, addr: int = 0, size: int = 0, block: int = 0, stack: int = 0,
-              arg: int = 0, thread: int = 0, stream: int | None = None, dt: int = 1000) -> int:
-        """Appends an event dt ns after the previous one; returns its sequence number."""
+              arg: int = 0, thread: int = 0, stream: int | None = None, dt: int = 1000, op: int = 0) -> int:
+        """Appends an event dt ns after the previous one; returns its sequence
+        number. op: a stack node (see stack()) whose frames are ops."""
         self.time_ns += dt
         stream = self.default_stream if stream is None else stream
-        self.events.append((kind, self.time_ns, thread, stream, addr, size, block, stack, arg))
+        self.events.append((kind, self.time_ns, thread, stream, addr, size, block, stack, arg, op))
         return self._bulk_events + len(self.events) - 1
 
     def extend(self, **columns: Any) -> None:
@@ -139,8 +140,11 @@ class CaptureWriter:
 
     # ---- output
 
-    def to_bytes(self, *, footer: bool = True, events_per_chunk: int = 65536) -> bytes:
-        out = bytearray(F.file_header())
+    def to_bytes(self, *, footer: bool = True, events_per_chunk: int = 65536,
+                 version: int = F.FORMAT_VERSION) -> bytes:
+        """version: an older format version to write (tests of the reader's
+        compatibility); what that version cannot hold (ops) is left out."""
+        out = bytearray(F.file_header(version))
         out += F.chunk(F.Chunk.METADATA, json.dumps(self.metadata).encode())
         out += F.chunk(F.Chunk.STRINGS, F.varint(0) + F.varint(len(self.strings)) + b"".join(
             F.varint(len(b)) + b for b in (s.encode() for s in self.strings)))
@@ -156,13 +160,14 @@ class CaptureWriter:
             out += F.chunk(F.Chunk.BASELINE, json.dumps(b).encode())
         if not self._blocks:
             for start in range(0, len(self.events), events_per_chunk):
-                out += F.chunk(F.Chunk.EVENTS, F.encode_events(self.events[start:start + events_per_chunk], start))
+                out += F.chunk(F.Chunk.EVENTS, F.encode_events(self.events[start:start + events_per_chunk], start,
+                                                               version))
         else:
             self.extend(kind=np.zeros(0, np.uint8))  # flush the events appended one by one
             cols = {c: np.concatenate([b[c] for b in self._blocks]) for c in F.COLUMNS}
             for start in range(0, self._bulk_events, events_per_chunk):
                 part = {c: v[start:start + events_per_chunk] for c, v in cols.items()}
-                out += F.chunk(F.Chunk.EVENTS, F.encode_event_columns(part, start))
+                out += F.chunk(F.Chunk.EVENTS, F.encode_event_columns(part, start, version))
         if footer:
             out += F.chunk(F.Chunk.FOOTER, json.dumps(
                 {"events": self.n_events, "dropped": 0, "reason": "stopped"}).encode())

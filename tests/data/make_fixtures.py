@@ -11,9 +11,10 @@ that CPU-only CI checks the analyses on real CUDA allocator data
 reader's fuzz test mutates them); keep them when the format version changes,
 so that the reader is shown to keep reading version 1.
 
-cpu_watch_v1.alsc and cuda_watch_v1.alsc: the same training with the model
+cpu_watch_vN.alsc and cuda_watch_vN.alsc: the same training with the model
 and optimizer watched (allocscope.watch), a mark after each forward and each
-step, for the attribution tests (tests/unit/test_watch_fixtures.py).
+step, for the attribution tests (tests/unit/test_watch_fixtures.py), one pair
+per format version (N: the version that made them; version 2 records ops).
 
 The caching-allocator workloads of tests/scripts/allocator_workloads.py, for
 the replay tests (tests/unit/test_allocator_fixtures.py):
@@ -33,6 +34,7 @@ import torch
 from torch import nn
 
 import allocscope
+from allocscope._format import FORMAT_VERSION
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
@@ -86,7 +88,7 @@ def cuda_fixtures(out: str, only_watched: bool) -> None:
     """In this process, on the CUDA device it has (real or virtual)."""
     if not only_watched:
         train(os.path.join(out, "cuda_train_v1.alsc"), "cuda")
-    train_watched(os.path.join(out, "cuda_watch_v1.alsc"), "cuda")
+    train_watched(os.path.join(out, f"cuda_watch_v{FORMAT_VERSION}.alsc"), "cuda")
 
 
 def main() -> None:
@@ -109,7 +111,7 @@ def main() -> None:
     if not args.cuda:
         if not args.watched:  # keep the version-1 fixtures the reader tests pin
             train(os.path.join(args.out, "cpu_train_v1.alsc"), "cpu")
-        train_watched(os.path.join(args.out, "cpu_watch_v1.alsc"), "cpu")
+        train_watched(os.path.join(args.out, f"cpu_watch_v{FORMAT_VERSION}.alsc"), "cpu")
     env = dict(os.environ)
     if args.gpu or not torch.cuda.is_available():
         env = allocscope.vgpu.environment(args.gpu or "H100-80GB")

@@ -259,11 +259,11 @@ def test_watching_does_not_change_results_and_is_removed(tmp_path):
                 opt.zero_grad()
         return model, [p.detach().clone() for p in model.parameters()]
 
-    backward = torch.autograd.backward
+    backward, grad = torch.autograd.backward, torch.autograd.grad
     plain_model, plain = run(False)
     watched_model, watched = run(True)
     assert all(torch.equal(a, b) for a, b in zip(plain, watched, strict=True))
-    assert torch.autograd.backward is backward
+    assert torch.autograd.backward is backward and torch.autograd.grad is grad
     for m in watched_model.modules():
         assert not m._forward_hooks and not m._forward_pre_hooks
     assert all(not p._post_accumulate_grad_hooks for p in watched_model.parameters())

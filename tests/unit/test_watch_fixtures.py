@@ -1,6 +1,6 @@
-"""Attribution on real captures of a watched model (tests/data/*_watch_v1.alsc,
-made by tests/data/make_fixtures.py; the CUDA one on a GPU), checked on any
-machine."""
+"""Attribution on real captures of a watched model (tests/data/*_watch_v*.alsc,
+one pair per format version, made by tests/data/make_fixtures.py; the CUDA
+ones on the virtual GPU), checked on any machine."""
 
 import glob
 import json
@@ -17,7 +17,7 @@ from allocscope.reports.report import find_mark
 
 from ..conftest import DATA
 
-FIXTURES = sorted(glob.glob(os.path.join(DATA, "*_watch_v1.alsc")))
+FIXTURES = sorted(glob.glob(os.path.join(DATA, "*_watch_v*.alsc")))
 
 
 @pytest.fixture(params=FIXTURES, ids=[os.path.basename(p) for p in FIXTURES])
@@ -27,6 +27,7 @@ def cap(request):
 
 def test_the_cpu_fixture_exists():
     assert os.path.join(DATA, "cpu_watch_v1.alsc") in FIXTURES
+    assert os.path.join(DATA, "cpu_watch_v2.alsc") in FIXTURES
 
 
 def test_every_moment_adds_up(cap):

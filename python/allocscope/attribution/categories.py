@@ -78,6 +78,7 @@ class Attribution:
     start: np.ndarray
     end: np.ndarray
     stack: np.ndarray
+    op: np.ndarray  # stack node of the op chain that allocated it (0: none, or not recorded)
     thread: np.ndarray
     device: np.ndarray
     category: np.ndarray  # index into CATEGORIES
@@ -161,7 +162,7 @@ class _Rows:
     """The rows' columns, built in parts: recorded allocations, then memory
     from before recording (the start baseline's blocks, labelled addresses)."""
 
-    COLUMNS = ("addr", "size", "block", "start", "end", "stack", "thread", "device")
+    COLUMNS = ("addr", "size", "block", "start", "end", "stack", "op", "thread", "device")
 
     def __init__(self, cap: Capture, n: int, block_sizes: np.ndarray | None):
         ev = cap.events
@@ -172,7 +173,8 @@ class _Rows:
             "addr": [ev.addr[lt.alloc].astype(np.uint64)], "size": [ev.size[lt.alloc].astype(np.int64)],
             "block": [blocks[lt.alloc].astype(np.int64)], "start": [lt.alloc.astype(np.int64)],
             "end": [np.where(lt.free >= 0, lt.free, n).astype(np.int64)],
-            "stack": [ev.stack[lt.alloc].astype(np.int64)], "thread": [ev.thread[lt.alloc].astype(np.int64)],
+            "stack": [ev.stack[lt.alloc].astype(np.int64)], "op": [ev.op[lt.alloc].astype(np.int64)],
+            "thread": [ev.thread[lt.alloc].astype(np.int64)],
             "device": [ev.device[lt.alloc].astype(np.int64)]}
         self.unmatched_frees_at: dict[int, list[int]] = {}  # address -> FREEs of memory from before recording
         for i in lt.unmatched_frees.tolist():
@@ -191,7 +193,7 @@ class _Rows:
         new = {"addr": np.array(addr, np.uint64), "size": np.array(size, np.int64),
                "block": np.array(block, np.int64) if block is not None else np.zeros(k, np.int64),
                "start": np.full(k, -1, np.int64), "end": np.array(end, np.int64), "stack": np.zeros(k, np.int64),
-               "thread": np.zeros(k, np.int64),
+               "op": np.zeros(k, np.int64), "thread": np.zeros(k, np.int64),
                "device": np.array(device, np.int64) if isinstance(device, list) else np.full(k, device, np.int64)}
         for c in self.COLUMNS:
             self.parts[c].append(new[c])
@@ -380,7 +382,7 @@ def attribute(cap: Capture, block_sizes: np.ndarray | None = None) -> Attributio
 
     return Attribution(
         capture=cap, n_events=n, addr=A, size=S, rounded=R, block=B, start=ST, end=EN, stack=rows.column("stack"),
-        thread=TH, device=rows.column("device"), category=category, module=module, label=label, phase=phase,
+        op=rows.column("op"), thread=TH, device=rows.column("device"), category=category, module=module, label=label, phase=phase,
         iteration=iteration, names=names.names, phase_starts=p_idx, phase_names=phase_names,
         phase_iterations=p_iter, watches=watches, device_type=device_type, warnings=warnings,
         blocks_exact=blocks_exact)

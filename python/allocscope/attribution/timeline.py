@@ -16,9 +16,10 @@ from ..allocator.recorded import recorded_reserved
 from ..reader import Capture
 from ..stacks import site
 from .categories import CATEGORIES, Attribution
+from .ops import op_names
 
 __all__ = ["PERSISTENT", "Moment", "Timeline", "bucket_peaks", "category_timeline", "iterations", "live_series",
-           "moment", "relative_time", "site_names", "sites", "timeline"]
+           "moment", "op_labels", "ops", "relative_time", "site_labels", "sites", "timeline"]
 
 # Categories that live across iterations by design (never a leak).
 PERSISTENT = {"parameter", "buffer", "gradient", "optimizer_state"}
@@ -78,9 +79,42 @@ def timeline(att: Attribution, reserved: np.ndarray | None = None) -> Timeline:
     return Timeline(live_series(att, att.size), live_series(att, att.block), reserved)
 
 
-def site_names(att: Attribution, rows: np.ndarray) -> dict[int, str]:
-    """{stack id: the user's line} of the given rows' stacks."""
-    return {s: (site(att.capture, s) if s else None) or "<no stack>" for s in np.unique(att.stack[rows]).tolist()}
+def _labelled(keys: np.ndarray, name_of: Any) -> tuple[np.ndarray, list[str]]:
+    """(code per row, labels): name_of(unique key row) names each distinct
+    key; keys with the same name share a code."""
+    if not len(keys):
+        return np.zeros(0, np.int64), []
+    uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
+    index: dict[str, int] = {}
+    codes = np.array([index.setdefault(name, len(index)) for name in map(name_of, uniq.tolist())], np.int64)
+    return codes[np.asarray(inverse).reshape(-1)], list(index)
+
+
+def site_labels(att: Attribution, rows: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    """The user's line of each row (an index into the returned labels). An
+    allocation made in backward, whose stack is that of the forward op that
+    made its autograd node, says so: `model.py:47 (forward) [backward:
+    ConvolutionBackward0]`. Memory from before recording has no stack."""
+    keys = np.stack([att.stack[rows], att.op[rows], att.start[rows] < 0], axis=1)
+    ops = op_names(att.capture, att.op[rows])
+    stacks: dict[int, str] = {}
+
+    def name(key: list[int]) -> str:
+        stk, op, older = key
+        if older:
+            return "<before recording>"
+        if stk not in stacks:
+            stacks[stk] = (site(att.capture, stk) if stk else None) or "<no stack>"
+        node = ops[op].backward_node
+        return f"{stacks[stk]} [backward: {node}]" if node else stacks[stk]
+
+    return _labelled(keys, name)
+
+
+def op_labels(att: Attribution, rows: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    """The op that allocated each row, as reports name it (attribution.ops)."""
+    ops = op_names(att.capture, att.op[rows])
+    return _labelled(att.op[rows][:, None], lambda key: ops[key[0]].name)
 
 
 @dataclasses.dataclass
@@ -96,6 +130,7 @@ class Moment:
     by_module: dict[str, int]
     top: list[dict[str, Any]]
     rounded_bytes: int = 0  # the requests rounded as the allocator rounds them (<= allocated_bytes)
+    by_op: dict[str, int] = dataclasses.field(default_factory=dict)  # requested bytes by the op that allocated
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -123,20 +158,19 @@ def moment(att: Attribution, e: int, tl: Timeline | None = None, top: int = 20) 
     for m in np.flatnonzero(mod_sums).tolist():
         by_module[att.name(m - 1) or "<no module>"] = int(mod_sums[m])
     by_module = dict(sorted(by_module.items(), key=lambda kv: -kv[1]))
-    # Group by (category, module, stack) in numpy, then merge stacks that
-    # share a user line.
-    keys = np.stack([att.category[live], att.module[live], att.stack[live]], axis=1)
+    op_code, op_label = op_labels(att, live)
+    op_sums = np.bincount(op_code, weights=size, minlength=len(op_label))
+    by_op = {op_label[i]: int(op_sums[i]) for i in np.argsort(-op_sums, kind="stable")[:top].tolist()}
+    # Group by (category, module, the user's line) in numpy.
+    site_code, site_label = site_labels(att, live)
+    keys = np.stack([att.category[live], att.module[live], site_code], axis=1)
     uniq, inverse = (np.unique(keys, axis=0, return_inverse=True) if len(live)
                       else (np.zeros((0, 3), np.int64), np.zeros(0, np.int64)))
     inverse = np.asarray(inverse).reshape(-1)
     group_bytes = np.bincount(inverse, weights=size, minlength=len(uniq)).astype(np.int64)
     group_count = np.bincount(inverse, minlength=len(uniq))
-    site = site_names(att, live)
-    groups: dict[tuple[str, str, str], list[int]] = {}
-    for (c, mod, stk), b, k in zip(uniq.tolist(), group_bytes.tolist(), group_count.tolist(), strict=True):
-        g = groups.setdefault((CATEGORIES[c], att.name(mod), site[stk]), [0, 0])
-        g[0] += b
-        g[1] += k
+    groups = {(CATEGORIES[c], att.name(mod), site_label[s]): (b, k)
+              for (c, mod, s), b, k in zip(uniq.tolist(), group_bytes.tolist(), group_count.tolist(), strict=True)}
     rows = sorted(groups.items(), key=lambda kv: -kv[1][0])[:top]
     tl = tl or timeline(att)
     return Moment(
@@ -145,7 +179,7 @@ def moment(att: Attribution, e: int, tl: Timeline | None = None, top: int = 20) 
         reserved_bytes=int(tl.reserved[e + 1]) if tl.reserved is not None else None,
         by_category=by_category, by_module=by_module,
         top=[{"category": c, "module": m, "site": s, "bytes": b, "count": k} for (c, m, s), (b, k) in rows],
-        rounded_bytes=int(att.rounded[live].sum()))
+        rounded_bytes=int(att.rounded[live].sum()), by_op=by_op)
 
 
 def iterations(att: Attribution, tl: Timeline) -> list[dict[str, Any]]:
@@ -192,27 +226,32 @@ def iterations(att: Attribution, tl: Timeline) -> list[dict[str, Any]]:
     return out
 
 
-def sites(att: Attribution, at: int, top: int = 20) -> list[dict[str, Any]]:
-    """Allocation sites (the user's source line) by bytes live at event `at`,
-    then by bytes allocated over the whole capture."""
+def _recorded_table(att: Attribution, at: int, top: int, labels: Any, key: str) -> list[dict[str, Any]]:
+    """Recorded allocations grouped by labels(att, rows): bytes live at event
+    `at`, then bytes allocated over the whole capture."""
     recorded = np.flatnonzero(att.start >= 0)
     if not len(recorded):
         return []
-    stacks, inverse = np.unique(att.stack[recorded], return_inverse=True)
+    code, names = labels(att, recorded)
     size = att.size[recorded]
-    allocated = np.bincount(inverse, weights=size, minlength=len(stacks)).astype(np.int64)
-    count = np.bincount(inverse, minlength=len(stacks))
+    allocated = np.bincount(code, weights=size, minlength=len(names)).astype(np.int64)
+    count = np.bincount(code, minlength=len(names))
     live = att.live(at)[recorded]
-    live_bytes = np.bincount(inverse[live], weights=size[live], minlength=len(stacks)).astype(np.int64)
-    names = site_names(att, recorded)
-    table: dict[str, list[int]] = {}
-    for stk, b, k, lb in zip(stacks.tolist(), allocated.tolist(), count.tolist(), live_bytes.tolist(), strict=True):
-        g = table.setdefault(names[stk], [0, 0, 0])
-        g[0] += b
-        g[1] += k
-        g[2] += lb
-    rows = sorted(table.items(), key=lambda kv: (-kv[1][2], -kv[1][0]))[:top]
-    return [{"site": s, "allocations": k, "allocated_bytes": b, "live_bytes": lb} for s, (b, k, lb) in rows]
+    live_bytes = np.bincount(code[live], weights=size[live], minlength=len(names)).astype(np.int64)
+    order = np.lexsort((-allocated, -live_bytes))[:top]
+    return [{key: names[i], "allocations": int(count[i]), "allocated_bytes": int(allocated[i]),
+             "live_bytes": int(live_bytes[i])} for i in order.tolist()]
+
+
+def sites(att: Attribution, at: int, top: int = 20) -> list[dict[str, Any]]:
+    """Allocation sites (the user's source line) by bytes live at event `at`,
+    then by bytes allocated over the whole capture."""
+    return _recorded_table(att, at, top, site_labels, "site")
+
+
+def ops(att: Attribution, at: int, top: int = 20) -> list[dict[str, Any]]:
+    """The ops that allocated (attribution.ops), ordered as sites()."""
+    return _recorded_table(att, at, top, op_labels, "op")
 
 
 def category_timeline(att: Attribution, tl: Timeline, points: int = 256) -> dict[str, Any]:

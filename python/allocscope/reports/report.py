@@ -15,7 +15,8 @@ from ..allocator.recorded import recorded_reserved, request_at
 from ..allocator.replay import Replay, replay
 from ..attribution.categories import Attribution, attribute
 from ..attribution.estimate import theory, waterfall
-from ..attribution.timeline import Timeline, category_timeline, iterations, moment, sites, timeline
+from ..attribution.ops import NO_OP
+from ..attribution.timeline import Timeline, category_timeline, iterations, moment, ops, sites, timeline
 from ..reader import Capture
 from .allocator import allocator_section, oom_section
 from .text import shorten, table
@@ -126,6 +127,7 @@ def build_report(cap: Capture, *, at: str | None = None, top: int = 20,
     out["measured"] = main["measured"]
     out["iterations"] = iterations(att, tl)
     out["sites"] = sites(att, focus, top)
+    out["ops"] = ops(att, focus, top)
     out["timeline"] = category_timeline(att, tl)
     out["warnings"] = list(cap.warnings) + att.warnings + an.warnings
     if an.replay is not None and an.replay_at is not None:
@@ -185,6 +187,11 @@ def render(r: dict[str, Any], top: int = 10) -> str:
         lines += table([("live", "allocated", "count", "site")] + [
             (format_bytes(s["live_bytes"]), format_bytes(s["allocated_bytes"]), str(s["allocations"]),
              shorten(s["site"])) for s in r["sites"][:top]], {0, 1, 2})
+    if any(o["op"] != NO_OP for o in r.get("ops", ())):
+        lines += ["", "Top ops (live here, allocated in all):"]
+        lines += table([("live", "allocated", "count", "op")] + [
+            (format_bytes(o["live_bytes"]), format_bytes(o["allocated_bytes"]), str(o["allocations"]), o["op"])
+            for o in r["ops"][:top]], {0, 1, 2})
     its = r["iterations"]
     if its:
         lines += ["", "Iterations (optimizer steps):"]

@@ -16,7 +16,7 @@ import numpy as np
 from .._format import EventKind
 from ..allocator.segments import SegmentInfo, outside_allocator
 from ..attribution.categories import CATEGORIES, Attribution
-from ..attribution.timeline import PERSISTENT, Timeline, bucket_peaks, iterations, live_series, relative_time, site_names
+from ..attribution.timeline import PERSISTENT, Timeline, bucket_peaks, iterations, live_series, relative_time, site_labels
 from ..reader import Capture
 from .allocator import block_rows
 
@@ -147,17 +147,22 @@ def _live_groups(att: Attribution, e: int, key: np.ndarray) -> tuple[np.ndarray,
 
 def stack_tree(att: Attribution, e: int, *, min_fraction: float = 0.001) -> dict[str, Any]:
     """Live memory after event e as an icicle: root, then the Python stack
-    outermost frame first, then the category. Branches under `min_fraction`
-    of the total are folded into one "(n smaller)" node per parent."""
+    outermost frame first, then the ops that allocated (outermost first; in
+    backward the autograd node, under the stack of the forward op that made
+    it), then the category. Branches under `min_fraction` of the total are
+    folded into one "(n smaller)" node per parent."""
     tree = _Tree()
     cap = att.capture
-    uniq, sizes = _live_groups(att, e, att.stack.astype(np.int64))
+    key = (att.stack.astype(np.int64) << 32) | att.op.astype(np.int64)
+    uniq, sizes = _live_groups(att, e, key)
     frames_of: dict[int, list[str]] = {}
-    for (stk, cat), size in zip(uniq.tolist(), sizes.tolist(), strict=True):
-        if stk not in frames_of:
+    for (k, cat), size in zip(uniq.tolist(), sizes.tolist(), strict=True):
+        if k not in frames_of:
+            stk, op = k >> 32, k & 0xFFFFFFFF
             frames = cap.stack(stk) if stk else []
-            frames_of[stk] = [f"{f.function} ({f.filename}:{f.line})" for f in reversed(frames)] or ["<no stack>"]
-        tree.add(frames_of[stk] + [CATEGORIES[cat]], cat, size)
+            path = [f"{f.function} ({f.filename}:{f.line})" for f in reversed(frames)] or ["<no stack>"]
+            frames_of[k] = path + [f.function for f in reversed(cap.stack(op))] if op else path
+        tree.add(frames_of[k] + [CATEGORIES[cat]], cat, size)
     return tree.to_json(min_fraction)
 
 
@@ -210,11 +215,10 @@ def leaks(att: Attribution, tl: Timeline, *, top: int = 50) -> list[dict[str, An
     rows = np.flatnonzero((att.start >= first) & (att.start < last) & (att.end >= n) & ~persistent)
     if not len(rows):
         return []
-    names = site_names(att, rows)
+    code, names = site_labels(att, rows)
     groups: dict[tuple[str, str, str], list[int]] = {}
-    for r in rows.tolist():
-        g = groups.setdefault((CATEGORIES[att.category[r]], att.name(int(att.module[r])),
-                               names[int(att.stack[r])]), [0, 0, 0])
+    for r, c in zip(rows.tolist(), code.tolist(), strict=True):
+        g = groups.setdefault((CATEGORIES[att.category[r]], att.name(int(att.module[r])), names[c]), [0, 0, 0])
         g[0] += int(att.size[r])
         g[1] += 1
         g[2] = max(g[2], int(att.iteration[r]))
