@@ -1,0 +1,100 @@
+"""How fast each analysis stage runs on large captures, and how much memory
+it takes; prints JSON (issue 14's "a million events per second").
+
+Captures are synthetic CUDA training loops (tests/support/training_run.py;
+their replay is exact). Each stage runs in a fresh process, so its peak
+resident memory (ru_maxrss) is its own, load included:
+  load         allocscope.load
+  replay       load + allocator.replay.replay (the whole capture)
+  attribution  load + attribution.attribute + timeline
+  report       load + reports.build_report (replays as far as the report needs)
+  html         load + reports.html.write_html
+Times are the stage alone (load subtracted where it is part of the process),
+one run each.
+
+    python benchmarks/bench_analysis.py [--events 1000000 10000000] [--out FILE]
+"""
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from _common import emit, environment  # noqa: E402
+
+STAGES = ("load", "replay", "attribution", "report", "html")
+
+
+def stage(name: str, path: str) -> dict:
+    """In this process: the stage's seconds (load apart) and peak memory."""
+    import allocscope
+
+    t0 = time.perf_counter()
+    cap = allocscope.load(path)
+    t1 = time.perf_counter()
+    if name == "replay":
+        from allocscope.allocator.replay import replay
+
+        exact = bool(replay(cap).fidelity.exact)
+    elif name == "attribution":
+        from allocscope.attribution import attribute, timeline
+
+        timeline(attribute(cap))
+    elif name == "report":
+        from allocscope.reports import build_report
+
+        build_report(cap)
+    elif name == "html":
+        from allocscope.reports.html import write_html
+
+        write_html(cap, os.path.join(os.path.dirname(path), "out.html"))
+    t2 = time.perf_counter()
+    out = {"load_s": round(t1 - t0, 2), "seconds": round(t2 - t1 if name != "load" else t1 - t0, 2),
+           "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+    if name == "replay":
+        out["exact"] = exact
+    return out
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--events", type=int, nargs="+", default=[1_000_000, 10_000_000])
+    parser.add_argument("--out", help="also write the JSON here")
+    parser.add_argument("--stage", nargs=2, help=argparse.SUPPRESS)  # (name, path): one stage, in a child
+    args = parser.parse_args()
+    if args.stage:
+        print(json.dumps(stage(*args.stage)))
+        return
+    from tests.support.training_run import training_run
+
+    results = []
+    for n in args.events:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "run.alsc")
+            info = training_run(path, n)
+            events = info.get("events", n)
+            row = {"events": events, "capture_mib": round(os.path.getsize(path) / 2**20, 1)}
+            for name in STAGES:
+                proc = subprocess.run([sys.executable, __file__, "--stage", name, path], capture_output=True,
+                                      text=True)
+                if proc.returncode != 0:
+                    row[name] = {"error": proc.stderr.strip().splitlines()[-1:]}
+                    continue
+                r = json.loads(proc.stdout.strip().splitlines()[-1])
+                r["events_per_s"] = round(events / r["seconds"]) if r["seconds"] else None
+                row[name] = r
+            results.append(row)
+            print(json.dumps(row), file=sys.stderr)
+    emit({"benchmark": "analysis", **environment(), "what": __doc__.splitlines()[0],
+          "goal": "each stage >= 1M events/s on 2 cores, memory bounded; HTML of 10M events < 15 s",
+          "results": results}, args.out)
+
+
+if __name__ == "__main__":
+    main()
