@@ -221,6 +221,7 @@ class Watch:
         self._state_seen: dict[tuple[int, str], int] = {}
         self._removed = False
         self._device_types = frozenset(device_types)
+        self._record_cuda, self._record_cpu = "cuda" in self._device_types, "cpu" in self._device_types
 
         self._param_names = {id(p): self._qualify(fqn) for fqn, p in model.named_parameters()}
         for fqn, m in model.named_modules():
@@ -335,17 +336,19 @@ class Watch:
         return hook
 
     def _pack(self, t: Any) -> Any:
-        if t.device.type not in self._device_types:
+        # Called for every tensor autograd saves: cheap checks first (the
+        # device flags and the storage's start need no Python objects made).
+        if not ((self._record_cuda and t.is_cuda) or (self._record_cpu and t.is_cpu)):
             return t.detach()
         try:
-            storage = t.untyped_storage()
-            ptr = storage.data_ptr()
+            ptr = t.data_ptr() - t.storage_offset() * t.element_size()
         except (RuntimeError, NotImplementedError, TypeError):  # no storage: nothing to label
             ptr = 0
         if ptr and ptr not in self._saved_this_forward:
             self._saved_this_forward.add(ptr)
+            s = _storage(t)
             stack = getattr(self._local, "modules", None)
-            self._annotate(_ACTIVATION, stack[-1] if stack else self.name, ptr, storage.nbytes(), False)
+            self._annotate(_ACTIVATION, stack[-1] if stack else self.name, ptr, s[1] if s else 0, False)
         # Not t itself: a saved output holding itself would be a reference
         # cycle (torch.autograd.graph.saved_tensors_hooks's warning).
         return t.detach()

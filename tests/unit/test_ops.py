@@ -9,6 +9,7 @@ from allocscope import _format as F
 from allocscope.attribution import attribute
 from allocscope.attribution.ops import NO_OP, op_names
 from allocscope.reports import build_report
+from allocscope.reports.events import event_rows, render_event
 from allocscope.reports.report import render
 from allocscope.reports.views import stack_tree
 from allocscope.writer import CaptureWriter
@@ -38,6 +39,9 @@ def test_the_op_column_round_trips(tmp_path):
     chains = [[f.function for f in cap.stack(int(o))] for o in cap.events.op]
     assert chains == [["aten::addmm", "aten::linear"], ["aten::empty", "aten::native_layer_norm", "aten::layer_norm"],
                       ["aten::mm", "AddmmBackward0"], []]
+    rows = list(event_rows(cap, kinds=("alloc",)))  # allocscope dump
+    assert rows[0]["ops"] == ["aten::linear", "aten::addmm"] and "ops" not in rows[3]
+    assert "op=AddmmBackward0 > aten::mm" in render_event(rows[2])
 
 
 def test_format_1_files_load_without_ops(tmp_path):

@@ -33,8 +33,10 @@ def event_rows(cap: Capture, *, kinds: Sequence[str] = (), limit: int | None = N
             "seq": int(ev.seq[i]), "time_ns": int(ev.time_ns[i]) - t0, "kind": kind_name(kind),
             "via_allocator": bool(ev.via_allocator[i]), "device": int(ev.device[i]), "stream": stream.handle,
             "thread": thread.native_id, "addr": int(ev.addr[i]), "size": int(ev.size[i]),
-            "block": int(ev.block[i]), "stack": int(ev.stack[i]), "arg": int(ev.arg[i]),
+            "block": int(ev.block[i]), "stack": int(ev.stack[i]), "arg": int(ev.arg[i]), "op": int(ev.op[i]),
         }
+        if row["op"]:  # outermost first, as the reports name them
+            row["ops"] = [f.function for f in reversed(cap.stack(row["op"]))]
         if kind >= FIRST_ANNOTATION:
             row["label"] = cap.label(i)
         if stacks:
@@ -59,6 +61,8 @@ def render_event(row: dict[str, Any]) -> str:
         parts.append(f"label={row['label']!r}")
     if row["stack"]:
         parts.append(f"stack={row['stack']}")
+    if row.get("ops"):
+        parts.append("op=" + " > ".join(row["ops"]))
     line = " ".join(parts)
     for filename, function, lineno in row.get("frames", []):
         line += f"\n{'':>12}{function} ({filename}:{lineno})"
