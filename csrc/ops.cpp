@@ -49,7 +49,13 @@ struct ThreadOps {
   std::unordered_map<uint64_t, uint32_t> node_ids;                           // (parent, frame) -> node
 };
 
-thread_local ThreadOps t_ops;
+// Leaked per thread on purpose: a thread-local with a destructor could be
+// destroyed before the last op or allocation of its thread (other
+// thread-locals' destructors free tensors and may run ops).
+ThreadOps& this_thread() {
+  static thread_local ThreadOps* ops = new ThreadOps();
+  return *ops;
+}
 
 // Forward stacks by (forward thread, sequence number), direct-mapped and
 // lock-free: the forward thread writes, the engine's threads read. An entry
@@ -114,7 +120,7 @@ uint64_t hash_name(const char* s) {
 }
 
 ThreadOps& ops_of_this_thread() {
-  ThreadOps& t = t_ops;
+  ThreadOps& t = this_thread();
   uint64_t generation = Recorder::get().generation();
   if (t.generation != generation) {
     t.generation = generation;
@@ -129,7 +135,7 @@ ThreadOps& ops_of_this_thread() {
 }
 
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
-  ThreadOps& t = t_ops;
+  ThreadOps& t = this_thread();
   const char* name = fn.name();
   bool backward = fn.scope() == at::RecordScope::BACKWARD_FUNCTION ||
       std::strncmp(name, kEvaluatePrefix, kEvaluatePrefixLen) == 0;
@@ -173,7 +179,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
 }
 
 void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
-  ThreadOps& t = t_ops;
+  ThreadOps& t = this_thread();
   // Normally the top; an op whose start this thread did not see (the
   // callback came or went while it ran, or an async op) leaves it alone.
   for (size_t i = t.frames.size(); i-- > 0;) {
