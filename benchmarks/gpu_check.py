@@ -33,9 +33,14 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+from allocscope._format import FORMAT_VERSION  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-FIXTURES = ["cuda_train_v1", "cuda_watch_v1", "cuda_fragment_v1", "cuda_fragment_expandable_v1", "cuda_oom_v1"]
+# make_fixtures.py names the watched fixture by the format version that made it
+FIXTURES = ["cuda_train_v1", f"cuda_watch_v{FORMAT_VERSION}", "cuda_fragment_v1", "cuda_fragment_expandable_v1",
+            "cuda_oom_v1"]
 
 MACHINE = r"""
 import json, sys, torch
