@@ -143,7 +143,8 @@ def main():
     torch.manual_seed(0)
     tmp = tempfile.mkdtemp()
     path = os.path.join(tmp, "step.alsc")
-    modes = ["off", "allocscope-none", "allocscope-noops", "allocscope-python", "allocscope-watch"] + (["torch-history"] if args.device == "cuda" else [])
+    modes = ["off", "allocscope-none", "allocscope-noops", "allocscope-python", "allocscope-watch"]
+    modes += ["torch-history"] if args.device == "cuda" else []
     results = {}
     for name, (model, make_input, loss_fn, config) in workloads(args.device, args.small).items():
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)

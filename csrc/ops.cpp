@@ -28,7 +28,6 @@ struct Frame {
   uint32_t node = 0;         // interned chain up to here; 0: not yet
   uint32_t forward_stack = 0;
   uint32_t owes_exit = 0;    // module scope (label + 1) to close when this frame ends
-  uint8_t exit_flags = 0;
   bool backward = false;     // an autograd node (or the engine's frame around one)
 };
 
@@ -135,7 +134,7 @@ ThreadOps& ops_of_this_thread() {
 }
 
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
-  ThreadOps& t = this_thread();
+  ThreadOps& t = ops_of_this_thread();
   const char* name = fn.name();
   bool backward = fn.scope() == at::RecordScope::BACKWARD_FUNCTION ||
       std::strncmp(name, kEvaluatePrefix, kEvaluatePrefixLen) == 0;
@@ -161,16 +160,13 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     // A forward op that may make an autograd node: keep its Python stack
     // and module once per sequence number (nested ops share their caller's).
     EmitScope scope;
-    ThreadOps& current = ops_of_this_thread();
     if (scope) {
       Forward fw;
-      if (!current.modules.empty()) {
-        fw.module = (current.modules.back().label + 1) | (current.modules.back().leaf ? kLeafBit : 0);
-      }
+      if (!t.modules.empty()) fw.module = (t.modules.back().label + 1) | (t.modules.back().leaf ? kLeafBit : 0);
       if (g_forward_stacks.load(std::memory_order_relaxed)) fw.stack = Recorder::get().capture_stack();
       if (fw.stack != 0 || fw.module != 0) keep_forward(fn.threadId(), fn.seqNr(), fw);
-      current.last_forward_seq = fn.seqNr();
-      current.last_forward_module = fw.module & ~kLeafBit;
+      t.last_forward_seq = fn.seqNr();
+      t.last_forward_module = fw.module & ~kLeafBit;
     }
   }
   t.backward_depth += backward;

@@ -382,7 +382,8 @@ def attribute(cap: Capture, block_sizes: np.ndarray | None = None) -> Attributio
 
     return Attribution(
         capture=cap, n_events=n, addr=A, size=S, rounded=R, block=B, start=ST, end=EN, stack=rows.column("stack"),
-        op=rows.column("op"), thread=TH, device=rows.column("device"), category=category, module=module, label=label, phase=phase,
+        op=rows.column("op"), thread=TH, device=rows.column("device"), category=category, module=module, label=label,
+        phase=phase,
         iteration=iteration, names=names.names, phase_starts=p_idx, phase_names=phase_names,
         phase_iterations=p_iter, watches=watches, device_type=device_type, warnings=warnings,
         blocks_exact=blocks_exact)
