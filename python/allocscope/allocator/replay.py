@@ -18,6 +18,7 @@ import numpy as np
 
 from .._format import EventKind
 from ..reader import Capture
+from . import native
 from .blocks import SEGMENT_ALLOC, Block, BumpAddresses
 from .config import AllocatorConfig, recorded_config
 from .model import DeviceAllocator, free_block_order
@@ -112,16 +113,29 @@ def _device_info(base: dict[str, Any] | None, metadata: dict[str, Any]) -> dict[
 
 
 def replay(cap: Capture, config: AllocatorConfig | None = None, *, limit: int | None = None,
-           states_at: Iterable[int] = (), stop_after: int | None = None) -> Replay:
+           states_at: Iterable[int] = (), stop_after: int | None = None, engine: str = "auto") -> Replay:
     """Replays the capture's requests. config None: the recorded settings
     (with fidelity checks). limit: the total memory of a hypothetical device
     (the memory outside PyTorch measured at the start still counts).
     stop_after: replay only the events up to this index (the timelines hold
     the last state after it; fidelity is checked that far and the end
-    snapshot is not compared; Replay.replayed_until says where it stopped)."""
+    snapshot is not compared; Replay.replayed_until says where it stopped).
+    engine: "native" (C++, native.py; ValueError where it cannot replay the
+    capture), "python" (this module's model, the reference) or "auto" (native
+    where it can)."""
     if "cuda" not in (cap.metadata.get("devices_recorded") or ()):
         raise NotACudaCapture(f"{cap.path} is not a CUDA recording: there is no caching allocator to replay")
-    return _Run(cap, config, limit).replay(sorted(set(int(t) for t in states_at)), stop_after)
+    if engine not in ("auto", "native", "python"):
+        raise ValueError(f"unknown replay engine {engine!r} (auto, native, python)")
+    run = _Run(cap, config, limit)
+    targets = sorted(set(int(t) for t in states_at))
+    if engine != "python":
+        reason = native.unsupported(cap, run.cfg, run.start)
+        if reason is None:
+            return run.replay_native(targets, stop_after)
+        if engine == "native":
+            raise ValueError(f"the native replay cannot replay {cap.path}: {reason}")
+    return run.replay(targets, stop_after)
 
 
 _ALLOC, _FREE, _DONE = int(EventKind.ALLOC), int(EventKind.FREE), int(EventKind.FREE_COMPLETED)
@@ -155,7 +169,7 @@ class _Run:
                                   ev.addr[self.seg_idx].tolist(), ev.size[self.seg_idx].tolist(),
                                   ev.stream[self.seg_idx].tolist(), strict=True):
             self.recorded_segments.setdefault(int(self.stream_dev[st]), []).append((i, KIND_NAMES[k], a, s))
-        start = baseline_segments(base)
+        self.start = start = baseline_segments(base)
         # Segments no recording placed go far above every recorded address.
         high = max([s.address + s.total_size for s in start]
                    + [int(a) + int(s) for a, s in zip(ev.addr[self.seg_idx].tolist(), ev.size[self.seg_idx].tolist(),
@@ -295,6 +309,38 @@ class _Run:
         return Replay(self.cfg, self.faithful, self.limit, self.devices, reserved, allocated, active, largest,
                       self.ooms, self.avoided, states, self._fidelity(until), self.warnings, until, self.block_sizes)
 
+    def replay_native(self, targets: list[int], stop_after: int | None) -> Replay:
+        """replay() in C++ (native.py): the same result."""
+        ev = self.cap.events
+        for d in sorted({int(x) for x in self.stream_dev.tolist() if x >= 0}):
+            self.device(d)  # every device a request can reach, as replay() makes them on first use
+        cfg, setups = native.inputs(self.cfg, self.segment_order, self.devices, self.start)
+        out = native.run(cfg, self.faithful, self.synthetic.next, setups, self.cap, self.deferred,
+                         [int(x) for x in self.stream_dev.tolist()], list(self.stream_handle), targets, stop_after)
+        devices = {d["device"]: native.DeviceCounters(**d) for d in out["devices"]}
+        ooms = [OomRecord(*o[:9], None if o[9] < 0 else o[9], None if o[10] < 0 else o[10],
+                          native.segment_infos(o[11])) for o in out["ooms"]]
+        states = {at: native.segment_infos(segs) for at, segs in out["states"]}
+        if out["unknown_frees"]:
+            self.warnings.append(f"{out['unknown_frees']} frees of memory the replay did not know (ignored)")
+        n = len(ev)
+        until = n - 1 if stop_after is None else min(n - 1, stop_after)
+        fidelity = None
+        if self.faithful:
+            mismatch = next((native.first_mismatch(d.mismatch) for d in devices.values() if d.mismatch), None)
+            end = self.cap.baseline("end")
+            final = native.segment_infos(out["final_state"])
+            fidelity = Fidelity(
+                recorded_segment_events=int(np.count_nonzero(self.seg_idx <= until)),
+                simulated_segment_events=sum(d.emitted for d in devices.values()),
+                matched=sum(d.matched for d in devices.values()), first_mismatch=mismatch,
+                allocations=out["allocations"], address_mismatches=out["address_mismatches"],
+                end_snapshot=compare_snapshot(final, baseline_segments(end)) if end and until == n - 1 else None,
+                checked_until=until)
+        return Replay(self.cfg, self.faithful, self.limit, devices, out["reserved"], out["allocated"],  # type: ignore[arg-type]
+                      out["active"], out["largest_free"], ooms, list(out["avoided_ooms"]), states, fidelity,
+                      self.warnings, until, out["block_sizes"])
+
     def _request(self, i: int, k: int, addr: int, size: int, block: int, st: int, arg: int) -> bool:
         """Replays one request; False: a free of memory the replay does not know."""
         if k == _ALLOC:
@@ -349,7 +395,8 @@ class _Run:
         early = [r for r in self.ready if r[0] < first]
         dev = self.devices.get(d)
         if early and dev is not None and (k == _OOM or first < i):
-            blocks = [self.pending[a][1] for _, a in early if a in self.pending]
+            # (another device's pending blocks are not this allocator's to complete)
+            blocks = [self.pending[a][1] for _, a in early if a in self.pending and self.pending[a][0] is dev]
             route = self.routed.get(0 if k == _OOM else addr)
             made = dev.trial(blocks, size, self.stream_handle[st], route) if blocks else []
             mine = self.recorded_segments.get(d, [])

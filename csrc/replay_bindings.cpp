@@ -1,0 +1,156 @@
+// pybind11 glue for allocscope._C.replay: converts the Python-side inputs
+// (numpy event columns, tuples) to replay.h's structs and the result back.
+// No logic here: python/allocscope/allocator/native.py is the facade.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "replay.h"
+
+namespace py = pybind11;
+
+namespace allocscope::replay {
+
+namespace {
+
+template <typename T>
+using Column = py::array_t<T, py::array::c_style>;
+
+template <typename T>
+const T* data_of(const Column<T>& a, size_t n, const char* name) {
+  if (static_cast<size_t>(a.size()) != n) throw std::invalid_argument(std::string("replay: column ") + name + " has the wrong length");
+  return a.data();
+}
+
+// A vector handed to numpy without a copy: the array owns it.
+py::array_t<int64_t> to_numpy(std::vector<int64_t>&& v) {
+  auto* owned = new std::vector<int64_t>(std::move(v));
+  py::capsule free_when_done(owned, [](void* p) { delete static_cast<std::vector<int64_t>*>(p); });
+  return py::array_t<int64_t>({owned->size()}, {sizeof(int64_t)}, owned->data(), free_when_done);
+}
+
+py::list segments_to_python(const std::vector<SegmentOut>& segs) {
+  py::list out;
+  for (const SegmentOut& s : segs) {
+    py::list blocks;
+    for (const BlockOut& b : s.blocks) blocks.append(py::make_tuple(b.addr, b.size, b.requested, b.state, b.event));
+    out.append(py::make_tuple(s.device, s.addr, s.size, s.stream, s.large, blocks));
+  }
+  return out;
+}
+
+py::dict device_to_python(const DeviceResult& d) {
+  py::dict o;
+  o["device"] = d.device;
+  o["num_alloc_retries"] = d.num_alloc_retries;
+  o["num_ooms"] = d.num_ooms;
+  o["num_device_alloc"] = d.num_device_alloc;
+  o["num_device_free"] = d.num_device_free;
+  o["num_gc_runs"] = d.num_gc_runs;
+  o["reserved"] = d.reserved;
+  o["allocated"] = d.allocated;
+  o["active"] = d.active;
+  o["peak_reserved"] = d.peak_reserved;
+  o["peak_allocated"] = d.peak_allocated;
+  o["emitted"] = d.emitted;
+  o["matched"] = d.matched;
+  if (d.mismatch) {
+    py::object rec = py::none();
+    if (d.mismatch_has_recorded)
+      rec = py::make_tuple(d.recorded_event, d.recorded.kind, d.recorded.addr, d.recorded.size);
+    o["mismatch"] = py::make_tuple(d.mismatch_position, rec,
+                                   py::make_tuple(d.simulated.request, d.simulated.kind, d.simulated.addr,
+                                                  d.simulated.size));
+  } else {
+    o["mismatch"] = py::none();
+  }
+  return o;
+}
+
+}  // namespace
+
+py::dict run_replay(py::tuple config, bool faithful, uint64_t synthetic_start, py::list devices,
+                    const Column<uint8_t>& kind, const Column<uint64_t>& addr, const Column<uint64_t>& size,
+                    const Column<uint64_t>& block, const Column<uint64_t>& arg, const Column<uint16_t>& stream,
+                    const Column<uint8_t>& deferred, std::vector<int64_t> stream_device,
+                    std::vector<int64_t> stream_handle, std::vector<int64_t> states_at, int64_t stop_after) {
+  Config cfg;
+  cfg.max_split_size = config[0].cast<uint64_t>();
+  cfg.max_non_split_rounding_size = config[1].cast<uint64_t>();
+  cfg.large_segment_size = config[2].cast<uint64_t>();
+  cfg.garbage_collection_threshold = config[3].cast<double>();
+  cfg.roundup_power2_divisions = config[4].cast<std::vector<int64_t>>();
+  cfg.segment_order = config[5].cast<bool>();
+  std::vector<DeviceSetup> setups;
+  for (py::handle d : devices) {
+    auto t = d.cast<py::tuple>();
+    DeviceSetup s;
+    s.device = t[0].cast<int64_t>();
+    s.total = t[1].cast<int64_t>();
+    s.capacity = t[2].cast<int64_t>();
+    s.allowed = t[3].cast<int64_t>();
+    for (py::handle seg : t[4].cast<py::list>()) {
+      auto st = seg.cast<py::tuple>();
+      LoadedSegment ls;
+      ls.addr = st[0].cast<uint64_t>();
+      ls.size = st[1].cast<uint64_t>();
+      ls.stream = st[2].cast<int64_t>();
+      ls.large = st[3].cast<bool>();
+      for (py::handle b : st[4].cast<py::list>()) {
+        auto bt = b.cast<py::tuple>();
+        ls.blocks.push_back(LoadedBlock{bt[0].cast<uint64_t>(), bt[1].cast<uint64_t>(), bt[2].cast<uint64_t>(),
+                                        bt[3].cast<bool>(), bt[4].cast<bool>()});
+      }
+      s.start.push_back(std::move(ls));
+    }
+    setups.push_back(std::move(s));
+  }
+  Events ev;
+  ev.n = static_cast<size_t>(kind.size());
+  ev.kind = kind.data();
+  ev.addr = data_of(addr, ev.n, "addr");
+  ev.size = data_of(size, ev.n, "size");
+  ev.block = data_of(block, ev.n, "block");
+  ev.arg = data_of(arg, ev.n, "arg");
+  ev.stream = data_of(stream, ev.n, "stream");
+  ev.deferred = data_of(deferred, ev.n, "deferred");
+  Result r;
+  {
+    py::gil_scoped_release nogil;
+    r = run(cfg, faithful, synthetic_start, setups, ev, stream_device, stream_handle, states_at, stop_after);
+  }
+  py::dict out;
+  out["reserved"] = to_numpy(std::move(r.reserved));
+  out["allocated"] = to_numpy(std::move(r.allocated));
+  out["active"] = to_numpy(std::move(r.active));
+  out["largest_free"] = to_numpy(std::move(r.largest_free));
+  out["block_sizes"] = to_numpy(std::move(r.block_sizes));
+  py::list ooms;
+  for (const Oom& o : r.ooms)
+    ooms.append(py::make_tuple(o.event, o.device, o.size, o.rounded, o.stream, o.recorded, o.reserved, o.allocated,
+                               o.active, o.capacity, o.allowed, segments_to_python(o.segments)));
+  out["ooms"] = ooms;
+  out["avoided_ooms"] = r.avoided_ooms;
+  py::list states;
+  for (const auto& [at, segs] : r.states) states.append(py::make_tuple(at, segments_to_python(segs)));
+  out["states"] = states;
+  py::list devs;
+  for (const DeviceResult& d : r.devices) devs.append(device_to_python(d));
+  out["devices"] = devs;
+  out["final_state"] = segments_to_python(r.final_state);
+  out["allocations"] = r.allocations;
+  out["address_mismatches"] = r.address_mismatches;
+  out["unknown_frees"] = r.unknown_frees;
+  return out;
+}
+
+}  // namespace allocscope::replay
+
+PYBIND11_MODULE(_replay, m) {
+  using allocscope::replay::run_replay;
+  m.doc() = "allocscope's replay of a CUDA capture through the caching-allocator model (see replay.h)";
+  m.def("replay", &run_replay, py::arg("config"), py::arg("faithful"), py::arg("synthetic_start"),
+        py::arg("devices"), py::arg("kind"), py::arg("addr"), py::arg("size"), py::arg("block"), py::arg("arg"),
+        py::arg("stream"), py::arg("deferred"), py::arg("stream_device"), py::arg("stream_handle"),
+        py::arg("states_at"), py::arg("stop_after"));
+}

@@ -1,0 +1,138 @@
+"""The replay's hot loop in C++ (allocscope._replay, csrc/replay*.cpp): the
+same model as model.py and the same driver as replay.py, decision for
+decision, at millions of requests per second, for what most captures use
+(the shared pools, cudaMalloc'd segments, every other setting). Captures that
+use expandable segments or private pools (CUDA graphs, MemPool) replay in
+Python, as does everything where the module is not built. The Python model
+stays the reference: the tests replay every fixture and generated request
+streams both ways and require the same result (tests/unit/test_native_replay.py).
+
+This module says whether the native replay can take a capture
+(unsupported), and converts its inputs and its result (inputs, result).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .._format import EventKind
+from .config import AllocatorConfig
+from .recorded import KIND_NAMES
+from .segments import ALLOCATED, INACTIVE, PENDING_FREE, BlockInfo, SegmentInfo
+
+if TYPE_CHECKING:
+    from ..reader import Capture
+    from .model import DeviceAllocator
+
+__all__ = ["DeviceCounters", "built", "first_mismatch", "inputs", "run", "segment_infos", "unsupported"]
+
+_POOL_KINDS = (EventKind.POOL_BEGIN, EventKind.POOL_END, EventKind.POOL_RELEASE, EventKind.POOL_ALLOC)
+_STATES = (ALLOCATED, PENDING_FREE, INACTIVE)
+
+
+@functools.lru_cache(maxsize=None)
+def _module() -> ModuleType | None:
+    try:
+        from .. import _replay  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return _replay
+
+
+def built() -> bool:
+    """Whether allocscope._replay is built (it needs no torch)."""
+    return _module() is not None
+
+
+def unsupported(cap: Capture, config: AllocatorConfig, start: list[SegmentInfo]) -> str | None:
+    """Why the native replay cannot replay this capture with these settings
+    (None: it can)."""
+    if not built():
+        return "allocscope._replay is not built"
+    if config.expandable_segments:
+        return "expandable segments"
+    if any(s.is_expandable for s in start):
+        return "expandable segments in the start baseline"
+    if any(s.pool != (0, 0) for s in start):
+        return "private pools in the start baseline"
+    if np.isin(cap.events.kind, np.array(_POOL_KINDS, np.uint8)).any():
+        return "private pools (CUDA graphs, MemPool)"
+    return None
+
+
+@dataclasses.dataclass
+class DeviceCounters:
+    """A natively replayed device's counters (Replay.devices; the Python
+    replay keeps its DeviceAllocator there instead)."""
+
+    device: int
+    num_alloc_retries: int
+    num_ooms: int
+    num_device_alloc: int
+    num_device_free: int
+    num_gc_runs: int
+    reserved: int
+    allocated: int
+    active: int
+    peak_reserved: int
+    peak_allocated: int
+    emitted: int  # segment events made
+    matched: int  # leading segment events equal to the recorded ones
+    mismatch: tuple | None
+
+
+def inputs(config: AllocatorConfig, segment_order: bool, devices: dict[int, DeviceAllocator],
+           start: list[SegmentInfo]) -> tuple[tuple, list[tuple]]:
+    """The native replay's settings and devices, from the Python replay's
+    devices as it set them up (sizes, capacity, fraction; creation order)."""
+    cfg = (config.max_split_size, config.max_non_split_rounding_size, config.large_segment_size,
+           float(config.garbage_collection_threshold), [int(d) for d in config.roundup_power2_divisions],
+           segment_order)
+    setups = []
+    for d, dev in devices.items():
+        segs = sorted((s for s in start if s.device == d), key=lambda s: s.address)
+        loaded = [(s.address, s.total_size, s.stream, s.is_large,
+                   [(b.address, b.size, b.requested, b.active, b.allocated) for b in s.blocks]) for s in segs]
+        # A capacity below zero (a limit under the memory outside PyTorch) fails every cudaMalloc, as 0 does.
+        capacity = -1 if dev.capacity is None else max(dev.capacity, 0)
+        setups.append((d, dev.total, capacity, -1 if dev.allowed is None else dev.allowed, loaded))
+    return cfg, setups
+
+
+def run(cfg: tuple, faithful: bool, synthetic_start: int, setups: list[tuple], cap: Capture, deferred: np.ndarray,
+        stream_device: list[int], stream_handle: list[int], targets: list[int], stop_after: int | None
+        ) -> dict[str, Any]:
+    """The native replay's raw result (keys: reserved, allocated, active,
+    largest_free, block_sizes, ooms, avoided_ooms, states, devices,
+    final_state, allocations, address_mismatches, unknown_frees)."""
+    mod = _module()
+    assert mod is not None
+    ev = cap.events
+    col = np.ascontiguousarray
+    return mod.replay(cfg, faithful, synthetic_start, setups, col(ev.kind, np.uint8), col(ev.addr, np.uint64),
+                      col(ev.size, np.uint64), col(ev.block, np.uint64), col(ev.arg, np.uint64),
+                      col(ev.stream, np.uint16), col(deferred, np.uint8), stream_device, stream_handle, targets,
+                      len(ev) - 1 if stop_after is None else max(int(stop_after), -1))
+
+
+def segment_infos(raw: list[tuple]) -> list[SegmentInfo]:
+    """The native result's segments as SegmentInfo (shared pools only)."""
+    return [SegmentInfo(device=d, address=a, total_size=n, stream=st, is_large=large, is_expandable=False,
+                        pool=(0, 0), blocks=tuple(BlockInfo(ba, bs, req, _STATES[state], tag)
+                                                  for ba, bs, req, state, tag in blocks))
+            for d, a, n, st, large, blocks in raw]
+
+
+def first_mismatch(mismatch: tuple | None) -> dict[str, Any] | None:
+    """A native device's first segment-event mismatch, as SegmentChecker writes it."""
+    if mismatch is None:
+        return None
+    position, rec, (request, kind, addr, size) = mismatch
+    recorded = None if rec is None else {"event": rec[0], "kind": KIND_NAMES[rec[1]], "addr": rec[2], "size": rec[3]}
+    return {"position": position, "recorded": recorded,
+            "simulated": {"event": request, "kind": KIND_NAMES[kind], "addr": addr, "size": size}}
