@@ -38,6 +38,7 @@ from ..allocator.segments import baseline_blocks
 from ..allocator.sizes import round_sizes
 from ..reader import Capture
 from .lifetimes import lifetimes
+from .scopes import module_scopes
 
 __all__ = ["CATEGORIES", "PHASES", "Attribution", "attribute"]
 
@@ -50,8 +51,8 @@ _LABEL_CATEGORY = {EventKind.PARAMETER: "parameter", EventKind.BUFFER: "buffer",
                    EventKind.OPTIMIZER_STATE: "optimizer_state", EventKind.INPUT: "input",
                    EventKind.ACTIVATION: "activation"}
 _PRIORITY = {int(k): i for i, k in enumerate(TENSOR_LABELS)}
-_MODULE_KINDS = (EventKind.MODULE_ENTER, EventKind.MODULE_EXIT)
-_BACKWARD_FLAG = 1
+_PRIORITY_OF = np.full(256, len(TENSOR_LABELS), np.int64)
+_PRIORITY_OF[list(_PRIORITY)] = list(_PRIORITY.values())
 _LEAF_FLAG = 2
 
 
@@ -208,44 +209,47 @@ class _Rows:
 
 def _join_labels(ev: Any, rows: _Rows, label_idx: np.ndarray, device_type: str, warnings: list[str]) -> np.ndarray:
     """The row each tensor label (events label_idx) names, -1 for none: the
-    row live at its address when it was written, or a new row of memory from
-    before recording where nothing recorded was there yet."""
-    label_addrs = {int(a) for a in ev.addr[label_idx].tolist()}
-    A, ST, EN = rows.column("addr"), rows.column("start"), rows.column("end")
-    # Rows at labelled addresses, by address, in start order, for the label join.
-    by_addr: dict[int, list[tuple[int, int, int]]] = {}
-    for r in np.flatnonzero(np.isin(A, np.fromiter(label_addrs, np.uint64, len(label_addrs)))).tolist():
-        by_addr.setdefault(int(A[r]), []).append((int(ST[r]), int(EN[r]), r))
-    for at in by_addr.values():
-        at.sort()
-    starts_at = {a: [s for s, _, _ in at] for a, at in by_addr.items()}
-
-    def live_row(a: int, index: int) -> int:
-        """The row at address a that started last at or before index, if still live."""
-        k = bisect.bisect_right(starts_at.get(a, ()), index)
-        if k == 0:
-            return -1
-        _, e, r = by_addr[a][k - 1]
-        return r if e > index else -1
-
-    extra: list[tuple[int, int, int]] = []  # (addr, size, end) of labelled memory from before recording
+    row live at its address when it was written (of the rows there, the one
+    that started last at or before it), or a new row of memory from before
+    recording where nothing recorded was there yet."""
     label_rows = np.full(len(label_idx), -1, np.int64)
+    if not len(label_idx):
+        return label_rows
+    A, ST, EN = rows.column("addr"), rows.column("start"), rows.column("end")
+    la = ev.addr[label_idx].astype(np.uint64)
+    # One sorted key per (address, start) over the rows at labelled addresses;
+    # a label's key (address, its index) finds the last row started by then.
+    uniq = np.unique(la)
+    sel = np.flatnonzero(np.isin(A, uniq))
+    row_addr = np.searchsorted(uniq, A[sel])
+    span = int(max(ST.max(initial=-1), label_idx.max())) + 2
+    order = np.lexsort((sel, EN[sel], ST[sel], row_addr))
+    row_keys = row_addr[order] * span + (ST[sel][order] + 1)
+    label_addr = np.searchsorted(uniq, la)
+    pos = np.searchsorted(row_keys, label_addr * span + (label_idx.astype(np.int64) + 1), side="right") - 1
+    found = pos >= 0
+    found[found] = row_addr[order][pos[found]] == label_addr[found]  # a row there started at or before it
+    cand = np.where(found, sel[order][np.maximum(pos, 0)], 0)
+    live = found & (EN[cand] > label_idx)
+    label_rows[live] = cand[live]
+    # Labels with no row there yet name memory from before recording (one
+    # new row per address, live until its first recorded free); the others
+    # name memory already freed.
+    extra: list[tuple[int, int, int]] = []  # (addr, size, end)
+    extra_at: dict[int, tuple[int, int]] = {}  # address -> (end, row)
     unmatched = 0
-    for j, i in enumerate(label_idx.tolist()):
-        a = int(ev.addr[i])
-        r = live_row(a, i)
-        if r < 0:
-            at = by_addr.get(a, [])
-            if not at or at[0][0] > i:  # nothing recorded there yet: it predates recording
-                r = len(A) + len(extra)
-                e = rows.free_after(a, i)
-                extra.append((a, int(ev.size[i]), e))
-                by_addr.setdefault(a, []).insert(0, (-1, e, r))
-                starts_at.setdefault(a, []).insert(0, -1)
-            else:
-                unmatched += 1
-                continue
-        label_rows[j] = r
+    for j in np.flatnonzero(~live & ~found).tolist():
+        a, i = int(la[j]), int(label_idx[j])
+        have = extra_at.get(a)
+        if have is None:
+            e = rows.free_after(a, i)
+            have = extra_at[a] = (e, len(A) + len(extra))
+            extra.append((a, int(ev.size[i]), e))
+        if have[0] > i:
+            label_rows[j] = have[1]
+        else:
+            unmatched += 1
+    unmatched += int(np.count_nonzero(found & ~live))
     if unmatched:
         warnings.append(f"{unmatched} tensor labels name no live allocation (memory from outside "
                         "the recorded allocators, or events lost)")
@@ -257,27 +261,44 @@ def _join_labels(ev: Any, rows: _Rows, label_idx: np.ndarray, device_type: str, 
 
 def _label_meaning(cap: Capture, label_idx: np.ndarray, label_rows: np.ndarray, n_rows: int,
                    names: _Names) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(category, label, module) per row from its highest-priority label (-1: unlabelled)."""
+    """(category, label, module) per row from its highest-priority label
+    (the first of equal priority; -1: unlabelled)."""
     ev, strings = cap.events, cap.strings
     category = np.full(n_rows, -1, np.int64)
     label = np.full(n_rows, -1, np.int64)
     module = np.full(n_rows, -1, np.int64)
-    best = np.full(n_rows, len(TENSOR_LABELS), np.int64)
-    meaning: dict[tuple[int, int], tuple[int, int, int]] = {}  # (kind, string id) -> category, label, module
-    for j, (k, sid) in enumerate(zip(ev.kind[label_idx].tolist(), ev.arg[label_idx].tolist(), strict=True)):
-        r = int(label_rows[j])
-        if r < 0:
-            continue
-        p = _PRIORITY[k]
-        if p < best[r]:
-            best[r] = p
-            m = meaning.get((k, sid))
-            if m is None:
-                text = strings[sid] if sid < len(strings) else "?"
-                m = meaning[(k, sid)] = (_CAT[_LABEL_CATEGORY[EventKind(k)]],
-                                         names(text) if k != EventKind.ACTIVATION else -1,
-                                         names(_label_module(k, text)))
-            category[r], label[r], module[r] = m
+    js = np.flatnonzero(label_rows >= 0)
+    if not len(js):
+        return category, label, module
+    kinds = ev.kind[label_idx[js]].astype(np.int64)
+    sids = ev.arg[label_idx[js]].astype(np.int64)
+    prio = _PRIORITY_OF[kinds]
+    r = label_rows[js]
+    # The labels that beat every earlier label of their row, in event order:
+    # their names are registered in that order (names' ids are stable).
+    by_row = np.lexsort((js, r))
+    group = np.concatenate(([0], np.cumsum(r[by_row][1:] != r[by_row][:-1])))
+    running = np.minimum.accumulate(prio[by_row] - group * (len(TENSOR_LABELS) + 1))
+    before = np.concatenate(([np.iinfo(np.int64).max], running[:-1]))
+    first = np.concatenate(([True], group[1:] != group[:-1]))
+    beats = first | (prio[by_row] - group * (len(TENSOR_LABELS) + 1) < before)
+    winners = np.sort(by_row[beats])  # positions in js, event order
+    pair = kinds * (1 << 40) + sids
+    _, first_seen = np.unique(pair[winners], return_index=True)
+    meaning: dict[int, tuple[int, int, int]] = {}  # (kind, string id) -> category, label, module
+    for w in winners[np.sort(first_seen)].tolist():
+        k, sid = int(kinds[w]), int(sids[w])
+        text = strings[sid] if sid < len(strings) else "?"
+        meaning[int(pair[w])] = (_CAT[_LABEL_CATEGORY[EventKind(k)]],
+                                 names(text) if k != EventKind.ACTIVATION else -1, names(_label_module(k, text)))
+    # Each row's final winner: its last label that beat the earlier ones.
+    win_rows = r[winners]
+    order = np.lexsort((winners, win_rows))
+    is_last = np.concatenate((win_rows[order][1:] != win_rows[order][:-1], [True]))
+    best = winners[order][is_last]
+    keys = np.array(sorted(meaning), np.int64)
+    table = np.array([meaning[int(k)] for k in keys], np.int64).reshape(-1, 3)[np.searchsorted(keys, pair[best])]
+    category[r[best]], label[r[best]], module[r[best]] = table[:, 0], table[:, 1], table[:, 2]
     return category, label, module
 
 
@@ -359,7 +380,7 @@ def attribute(cap: Capture, block_sizes: np.ndarray | None = None) -> Attributio
 
     # ---- modules of unlabelled rows: the scope open on the allocating thread
     TH = rows.column("thread")
-    _module_scopes(cap, names, p_idx, ST, TH, module, unlabelled)
+    module_scopes(cap, names, ST, TH, module, unlabelled)
 
     watches = []
     for i in np.flatnonzero(ev.kind == EventKind.WATCH).tolist():
@@ -387,68 +408,3 @@ def attribute(cap: Capture, block_sizes: np.ndarray | None = None) -> Attributio
         iteration=iteration, names=names.names, phase_starts=p_idx, phase_names=phase_names,
         phase_iterations=p_iter, watches=watches, device_type=device_type, warnings=warnings,
         blocks_exact=blocks_exact)
-
-
-def _module_scopes(cap: Capture, names: _Names, p_idx: np.ndarray, start: np.ndarray, thread: np.ndarray,
-                   module: np.ndarray, which: np.ndarray) -> None:
-    """Fills module[r] for rows `which` with the innermost module scope open
-    on their thread when they were allocated."""
-    ev = cap.events
-    idx = np.flatnonzero(np.isin(ev.kind, [int(k) for k in _MODULE_KINDS]) | (ev.kind == EventKind.PHASE))
-    if not len(idx):
-        return
-    open_by_thread: dict[int, list[tuple[int, bool]]] = {}
-    changes: dict[int, tuple[list[int], list[int]]] = {}  # thread -> (event indices, current module)
-    strings = cap.strings
-    name_of: dict[int, int] = {}
-    kinds = ev.kind[idx].tolist()
-    threads = ev.thread[idx].tolist()
-    flags = ev.addr[idx].tolist()
-    args = ev.arg[idx].tolist()
-    for i, k, t, f, a in zip(idx.tolist(), kinds, threads, flags, args, strict=True):
-        if k == EventKind.PHASE:
-            # Backward scopes whose inputs needed no gradient never close: a
-            # phase change closes them all.
-            for th, scopes in open_by_thread.items():
-                kept = [s for s in scopes if not s[1]]
-                if len(kept) != len(scopes):
-                    open_by_thread[th] = kept
-                    _note(changes, th, i, kept)
-            continue
-        name = name_of.get(a)
-        if name is None:
-            name = name_of[a] = names(strings[a] if a < len(strings) else "?")
-        backward = bool(f & _BACKWARD_FLAG)
-        scopes = open_by_thread.setdefault(t, [])
-        if k == EventKind.MODULE_ENTER:
-            pos = len(scopes)
-            if backward:
-                # A module's and its last child's backward begin at the same
-                # node, child first: the parent goes under its open descendants.
-                prefix = names.names[name] + "."
-                while pos and scopes[pos - 1][1] and names.names[scopes[pos - 1][0]].startswith(prefix):
-                    pos -= 1
-            scopes.insert(pos, (name, backward))
-        else:
-            for j in range(len(scopes) - 1, -1, -1):
-                if scopes[j] == (name, backward):
-                    del scopes[j]
-                    break
-            else:
-                continue
-        _note(changes, t, i, scopes)
-    rows = np.flatnonzero(which & (start >= 0))
-    for t, (at, current) in changes.items():
-        mine = rows[thread[rows] == t]
-        if not len(mine):
-            continue
-        pos = np.searchsorted(np.array(at), start[mine], side="right") - 1
-        cur = np.array(current)[np.maximum(pos, 0)]
-        module[mine] = np.where(pos >= 0, cur, -1)
-
-
-def _note(changes: dict[int, tuple[list[int], list[int]]], thread: int, index: int,
-          scopes: list[tuple[int, bool]]) -> None:
-    at, current = changes.setdefault(thread, ([], []))
-    at.append(index)
-    current.append(scopes[-1][0] if scopes else -1)

@@ -84,9 +84,15 @@ def _labelled(keys: np.ndarray, name_of: Any) -> tuple[np.ndarray, list[str]]:
     key; keys with the same name share a code."""
     if not len(keys):
         return np.zeros(0, np.int64), []
-    uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
+    # The key rows in lexicographic order, as np.unique(axis=0) gives them,
+    # without its row-wise sort: each column factorised in turn.
+    code = np.zeros(len(keys), np.int64)
+    for c in range(keys.shape[1]):
+        values, inv = np.unique(keys[:, c], return_inverse=True)
+        code = np.unique(code * len(values) + np.asarray(inv).reshape(-1), return_inverse=True)[1].reshape(-1)
+    _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
     index: dict[str, int] = {}
-    codes = np.array([index.setdefault(name, len(index)) for name in map(name_of, uniq.tolist())], np.int64)
+    codes = np.array([index.setdefault(name, len(index)) for name in map(name_of, keys[first].tolist())], np.int64)
     return codes[np.asarray(inverse).reshape(-1)], list(index)
 
 
