@@ -26,18 +26,31 @@ def module_scopes(cap: Capture, names: Any, start: np.ndarray, thread: np.ndarra
     idx = np.flatnonzero(np.isin(ev.kind, [int(k) for k in _MODULE_KINDS]) | (ev.kind == EventKind.PHASE))
     if not len(idx):
         return
+    kinds = ev.kind[idx]
+    scope = np.flatnonzero(kinds != EventKind.PHASE)
+    # Module names, registered in order of first appearance (names' ids are stable).
+    args = ev.arg[idx[scope]]
+    uniq, first, inverse = np.unique(args, return_index=True, return_inverse=True)
+    strings = cap.strings
+    name_ids = np.zeros(len(uniq), np.int64)
+    for u in np.argsort(first, kind="stable").tolist():
+        a = int(uniq[u])
+        name_ids[u] = names(strings[a] if a < len(strings) else "?")
+    # Each scope event is a symbol (enter or exit, name, forward or backward).
+    code = (name_ids[np.asarray(inverse).reshape(-1)] * 2 + (ev.addr[idx[scope]] & _BACKWARD_FLAG).astype(np.int64)) * 2 \
+        + (kinds[scope] == EventKind.MODULE_ENTER)
+    symbols, sym = np.unique(code, return_inverse=True)
+    n_sym = len(symbols)
+    symbol_of = np.full(len(idx), -1, np.int64)  # -1: a PHASE event
+    symbol_of[scope] = np.asarray(sym).reshape(-1)
+    decoded = [(bool(c & 1), int(c >> 2), bool(c >> 1 & 1)) for c in symbols.tolist()]  # (enter, name, backward)
+
     # Each thread's open scopes are a state, interned as an int; a training
-    # loop repeats the same few, so each (state, event) transition is worked
+    # loop repeats the same few, so each (state, symbol) transition is worked
     # out once and looked up after that.
     states: list[tuple[tuple[int, bool], ...]] = [()]
     state_id: dict[tuple[tuple[int, bool], ...], int] = {(): 0}
-    moves: dict[tuple[int, int, int, bool], tuple[int, bool]] = {}  # -> (new state, changed)
-    open_by_thread: dict[int, int] = {}  # thread -> state
-    at: list[int] = []  # where a thread's scopes changed: event index, thread, new state
-    on: list[int] = []
-    now: list[int] = []
-    strings = cap.strings
-    name_of: dict[int, int] = {}
+    moves: dict[int, int] = {}  # state * n_sym + symbol -> new state (-1: unchanged)
 
     def intern(scopes: tuple[tuple[int, bool], ...]) -> int:
         sid = state_id.get(scopes)
@@ -46,9 +59,10 @@ def module_scopes(cap: Capture, names: Any, start: np.ndarray, thread: np.ndarra
             states.append(scopes)
         return sid
 
-    def move(state: int, k: int, name: int, backward: bool) -> tuple[int, bool]:
+    def move(state: int, symbol: int) -> int:
+        enter, name, backward = decoded[symbol]
         scopes = list(states[state])
-        if k == EventKind.MODULE_ENTER:
+        if enter:
             pos = len(scopes)
             if backward:
                 # A module's and its last child's backward begin at the same
@@ -63,41 +77,36 @@ def module_scopes(cap: Capture, names: Any, start: np.ndarray, thread: np.ndarra
                     del scopes[j]
                     break
             else:
-                return state, False
-        return intern(tuple(scopes)), True
+                return -1
+        return intern(tuple(scopes))
 
-    kinds = ev.kind[idx].tolist()
-    threads = ev.thread[idx].tolist()
-    flags = ev.addr[idx].tolist()
-    args = ev.arg[idx].tolist()
-    for i, k, t, f, a in zip(idx.tolist(), kinds, threads, flags, args, strict=True):
-        if k == EventKind.PHASE:
+    open_by_thread: dict[int, int] = {}  # thread -> state
+    at: list[int] = []  # where a thread's scopes changed: event index, thread, new state
+    on: list[int] = []
+    now: list[int] = []
+    for i, t, s in zip(idx.tolist(), ev.thread[idx].tolist(), symbol_of.tolist(), strict=True):
+        if s < 0:
             # Backward scopes whose inputs needed no gradient never close: a
             # phase change closes them all.
             for th, state in open_by_thread.items():
                 scopes = states[state]
-                kept = tuple(s for s in scopes if not s[1])
+                kept = tuple(x for x in scopes if not x[1])
                 if len(kept) != len(scopes):
                     open_by_thread[th] = intern(kept)
                     at.append(i)
                     on.append(th)
                     now.append(open_by_thread[th])
             continue
-        name = name_of.get(a)
-        if name is None:
-            name = name_of[a] = names(strings[a] if a < len(strings) else "?")
-        backward = bool(f & _BACKWARD_FLAG)
-        state = open_by_thread.setdefault(t, 0)
-        key = (state, k, name, backward)
-        hit = moves.get(key)
-        if hit is None:
-            hit = moves[key] = move(state, k, name, backward)
-        if hit[1]:
-            open_by_thread[t] = hit[0]
+        key = open_by_thread.get(t, 0) * n_sym + s
+        nxt = moves.get(key)
+        if nxt is None:
+            nxt = moves[key] = move(key // n_sym, s)
+        if nxt >= 0:
+            open_by_thread[t] = nxt
             at.append(i)
             on.append(t)
-            now.append(hit[0])
-    innermost = np.array([s[-1][0] if s else -1 for s in states], np.int64)
+            now.append(nxt)
+    innermost = np.array([x[-1][0] if x else -1 for x in states], np.int64)
     at_, on_, current = np.array(at, np.int64), np.array(on, np.int64), innermost[np.array(now, np.int64)]
     rows = np.flatnonzero(which & (start >= 0))
     for t in np.unique(on_).tolist():

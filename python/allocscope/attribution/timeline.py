@@ -18,7 +18,7 @@ from ..stacks import site
 from .categories import CATEGORIES, Attribution
 from .ops import op_names
 
-__all__ = ["PERSISTENT", "Moment", "Timeline", "bucket_peaks", "category_timeline", "iterations", "live_series",
+__all__ = ["PERSISTENT", "Moment", "Timeline", "bucket_peaks", "category_timeline", "iterations", "live_at", "live_series",
            "moment", "op_labels", "ops", "relative_time", "site_labels", "sites", "timeline"]
 
 # Categories that live across iterations by design (never a leak).
@@ -54,6 +54,22 @@ def live_series(att: Attribution, values: np.ndarray, rows: np.ndarray | None = 
     return np.cumsum(delta)
 
 
+def live_at(att: Attribution, values: np.ndarray, rows: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """live_series(att, values, rows)[positions], without the whole series:
+    the rows' starts and ends sorted once, each position a binary search."""
+    n = att.n_events
+    start, end, v = att.start[rows], att.end[rows], values[rows].astype(np.int64)
+    older = start < 0
+    began = np.argsort(start[~older], kind="stable")
+    began_at, began_sum = start[~older][began] + 1, np.concatenate(([0], np.cumsum(v[~older][began])))
+    freed = end < n
+    ended = np.argsort(end[freed], kind="stable")
+    ended_at, ended_sum = end[freed][ended] + 1, np.concatenate(([0], np.cumsum(v[freed][ended])))
+    pos = np.asarray(positions, np.int64)
+    return (int(v[older].sum()) + began_sum[np.searchsorted(began_at, pos, side="right")]
+            - ended_sum[np.searchsorted(ended_at, pos, side="right")])
+
+
 def bucket_peaks(series: np.ndarray, points: int) -> np.ndarray:
     """Positions (indices into series) of the maximum of each of `points`
     equal slices: the one downsampling of every timeline allocscope draws or
@@ -79,6 +95,18 @@ def timeline(att: Attribution, reserved: np.ndarray | None = None) -> Timeline:
     return Timeline(live_series(att, att.size), live_series(att, att.block), reserved)
 
 
+def _factorize(values: np.ndarray) -> tuple[np.ndarray, int]:
+    """(code of each value, number of distinct values), codes in value order.
+    Small non-negative integers (ids) are counted, not sorted."""
+    if len(values) and values.min() >= 0 and values.max() < 4 * len(values) + (1 << 20):
+        present = np.zeros(int(values.max()) + 1, bool)
+        present[values] = True
+        mapping = np.cumsum(present) - 1
+        return mapping[values], int(mapping[-1]) + 1
+    uniq, inverse = np.unique(values, return_inverse=True)
+    return np.asarray(inverse, np.int64).reshape(-1), len(uniq)
+
+
 def _labelled(keys: np.ndarray, name_of: Any) -> tuple[np.ndarray, list[str]]:
     """(code per row, labels): name_of(unique key row) names each distinct
     key; keys with the same name share a code."""
@@ -86,14 +114,15 @@ def _labelled(keys: np.ndarray, name_of: Any) -> tuple[np.ndarray, list[str]]:
         return np.zeros(0, np.int64), []
     # The key rows in lexicographic order, as np.unique(axis=0) gives them,
     # without its row-wise sort: each column factorised in turn.
-    code = np.zeros(len(keys), np.int64)
+    code, m = np.zeros(len(keys), np.int64), 1
     for c in range(keys.shape[1]):
-        values, inv = np.unique(keys[:, c], return_inverse=True)
-        code = np.unique(code * len(values) + np.asarray(inv).reshape(-1), return_inverse=True)[1].reshape(-1)
-    _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
+        inv, k = _factorize(keys[:, c])
+        code, m = _factorize(code * k + inv)
+    first = np.empty(m, np.int64)
+    first[code] = np.arange(len(code))  # a row of each key (any: they are equal)
     index: dict[str, int] = {}
     codes = np.array([index.setdefault(name, len(index)) for name in map(name_of, keys[first].tolist())], np.int64)
-    return codes[np.asarray(inverse).reshape(-1)], list(index)
+    return codes[code], list(index)
 
 
 def site_labels(att: Attribution, rows: np.ndarray) -> tuple[np.ndarray, list[str]]:
@@ -274,6 +303,6 @@ def category_timeline(att: Attribution, tl: Timeline, points: int = 256) -> dict
     for i, c in enumerate(CATEGORIES):
         rows = np.flatnonzero(att.category == i)
         if len(rows):
-            by_category[c] = live_series(att, att.size, rows)[picks_arr].tolist()
+            by_category[c] = live_at(att, att.size, rows, picks_arr).tolist()
     out["by_category"] = by_category
     return out

@@ -16,7 +16,7 @@ import numpy as np
 from .._format import EventKind
 from ..allocator.segments import SegmentInfo, outside_allocator
 from ..attribution.categories import CATEGORIES, Attribution
-from ..attribution.timeline import PERSISTENT, Timeline, bucket_peaks, iterations, live_series, relative_time, site_labels
+from ..attribution.timeline import PERSISTENT, Timeline, bucket_peaks, iterations, live_at, relative_time, site_labels
 from ..reader import Capture
 from .allocator import block_rows
 
@@ -27,7 +27,7 @@ _NO_MODULE = "<no module>"
 
 
 def _series_at(att: Attribution, rows: np.ndarray, picks: np.ndarray) -> list[int]:
-    return live_series(att, att.size, rows)[picks].tolist()
+    return live_at(att, att.size, rows, picks).tolist()
 
 
 def timeline_view(att: Attribution, tl: Timeline, *, points: int = 2000, modules: int = 8) -> dict[str, Any]:
@@ -71,7 +71,7 @@ def _module_series(att: Attribution, picks: np.ndarray, keep: int) -> dict[str, 
     series = {}
     for m in mods.tolist():
         rows = np.flatnonzero(att.module == m)
-        s = live_series(att, att.size, rows)[picks]
+        s = live_at(att, att.size, rows, picks)
         series[m] = s
         peaks.append((int(s.max()) if len(s) else 0, m))
     peaks.sort(reverse=True)
