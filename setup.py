@@ -182,16 +182,16 @@ def _extension():
     )
 
 
-def _replay_extension():
-    """The replay's hot loop (csrc/replay*.cpp): plain C++ and pybind11, no
-    torch, so that analysing a capture never has to import torch."""
+def _analysis_extension():
+    """The analysis' hot loops (csrc/replay*.cpp, csrc/scopes.cpp): plain C++
+    and pybind11, no torch, so that analysing a capture never imports torch."""
     import pybind11
     from setuptools import Extension
 
     opt = os.environ.get("ALLOCSCOPE_OPT", "-O2")
     return Extension(
-        name="allocscope._replay",
-        sources=["csrc/replay.cpp", "csrc/replay_model.cpp", "csrc/replay_bindings.cpp"],
+        name="allocscope._analysis",
+        sources=["csrc/replay.cpp", "csrc/replay_model.cpp", "csrc/scopes.cpp", "csrc/analysis_bindings.cpp"],
         include_dirs=[os.path.join(HERE, "csrc"), pybind11.get_include()],
         language="c++",
         extra_compile_args=[opt, "-std=c++17", "-fvisibility=hidden", "-Wall", "-Wextra"],
@@ -219,8 +219,8 @@ def main() -> None:
         description="Byte-for-byte attribution of PyTorch GPU memory",
         package_dir={"": "python"},
         packages=find_packages("python"),
-        package_data={"allocscope": ["py.typed", "_C.pyi", "_replay.pyi", "reports/html/*.html", "reports/html/*.js", "reports/html/*.css", "vgpu/lib/*"]},
-        ext_modules=[_extension(), _replay_extension()],
+        package_data={"allocscope": ["py.typed", "_C.pyi", "_analysis.pyi", "reports/html/*.html", "reports/html/*.js", "reports/html/*.css", "vgpu/lib/*"]},
+        ext_modules=[_extension(), _analysis_extension()],
         cmdclass={"build_ext": _build_ext_class()},
         python_requires=">=3.10",
         install_requires=["numpy"],

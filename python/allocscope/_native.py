@@ -1,7 +1,9 @@
-"""Loading the native core on first use (nothing happens at import time).
+"""Loading the native code on first use (nothing happens at import time).
 
-Reading and analysing captures needs neither torch nor the extension; only
-recording does.
+Recording needs torch and its extension, allocscope._C (native()).
+Reading and analysing captures needs neither: where allocscope._analysis
+(the analysis' hot loops, no torch) is built they use it, and otherwise the
+Python code it follows (analysis()).
 """
 
 from __future__ import annotations
@@ -27,3 +29,13 @@ def native() -> ModuleType:
             f"allocscope's extension is not built for this torch ({e}); "
             "build it with: pip install --no-build-isolation -e .") from None
     return _C
+
+
+@functools.lru_cache(maxsize=None)
+def analysis() -> ModuleType | None:
+    """allocscope._analysis, or None where it is not built."""
+    try:
+        from . import _analysis  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return _analysis

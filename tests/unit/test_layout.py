@@ -19,7 +19,7 @@ PKG = ROOT / "python" / "allocscope"
 GROUPS = {
     "allocscope._format": "foundation", "allocscope._units": "foundation", "allocscope._progress": "foundation",
     "allocscope._native": "foundation", "allocscope._torch_hook": "foundation", "allocscope._version": "foundation",
-    "allocscope._bootstrap": "foundation", "allocscope._C": "foundation", "allocscope._replay": "foundation",
+    "allocscope._bootstrap": "foundation", "allocscope._C": "foundation", "allocscope._analysis": "foundation",
     "allocscope.reader": "capture", "allocscope.writer": "capture", "allocscope.stacks": "capture",
     "allocscope.allocator": "allocator",
     "allocscope.attribution": "attribution",
@@ -56,7 +56,7 @@ def _modules() -> dict[str, pathlib.Path]:
 
 
 MODULES = _modules()
-NATIVE = {"allocscope._C", "allocscope._replay"}  # the compiled extensions (csrc/): modules, not .py files
+NATIVE = {"allocscope._C", "allocscope._analysis"}  # the compiled extensions (csrc/): modules, not .py files
 
 
 def _group(module: str) -> str:

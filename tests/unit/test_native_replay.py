@@ -1,4 +1,4 @@
-"""The replay in C++ (allocscope._replay, allocator/native.py) against the
+"""The replay in C++ (allocscope._analysis, allocator/native.py) against the
 Python model it follows (allocator/model.py, the reference): the same
 timelines, block sizes, OOMs, states, fidelity and counters, decision for
 decision, on every CUDA fixture (real captures from an H100 and the virtual
@@ -32,7 +32,7 @@ from allocscope.allocator.replay import replay
 from allocscope.allocator.state import segments
 from allocscope.writer import CaptureWriter
 
-pytestmark = pytest.mark.skipif(not native.built(), reason="allocscope._replay is not built")
+pytestmark = pytest.mark.skipif(not native.built(), reason="allocscope._analysis is not built")
 
 MiB, GiB = 1 << 20, 1 << 30
 DATA = os.path.join(os.path.dirname(__file__), "..", "data")

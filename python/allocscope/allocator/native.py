@@ -1,4 +1,4 @@
-"""The replay's hot loop in C++ (allocscope._replay, csrc/replay*.cpp): the
+"""The replay's hot loop in C++ (allocscope._analysis, csrc/replay*.cpp): the
 same model as model.py and the same driver as replay.py, decision for
 decision, at millions of requests per second, for what most captures use
 (the shared pools, cudaMalloc'd segments, every other setting). Captures that
@@ -14,13 +14,12 @@ This module says whether the native replay can take a capture
 from __future__ import annotations
 
 import dataclasses
-import functools
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .._format import EventKind
+from .._native import analysis
 from .config import AllocatorConfig
 from .recorded import KIND_NAMES
 from .segments import ALLOCATED, INACTIVE, PENDING_FREE, BlockInfo, SegmentInfo
@@ -35,25 +34,16 @@ _POOL_KINDS = (EventKind.POOL_BEGIN, EventKind.POOL_END, EventKind.POOL_RELEASE,
 _STATES = (ALLOCATED, PENDING_FREE, INACTIVE)
 
 
-@functools.lru_cache(maxsize=None)
-def _module() -> ModuleType | None:
-    try:
-        from .. import _replay  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    return _replay
-
-
 def built() -> bool:
-    """Whether allocscope._replay is built (it needs no torch)."""
-    return _module() is not None
+    """Whether allocscope._analysis is built (it needs no torch)."""
+    return analysis() is not None
 
 
 def unsupported(cap: Capture, config: AllocatorConfig, start: list[SegmentInfo]) -> str | None:
     """Why the native replay cannot replay this capture with these settings
     (None: it can)."""
     if not built():
-        return "allocscope._replay is not built"
+        return "allocscope._analysis is not built"
     if config.expandable_segments:
         return "expandable segments"
     if any(s.is_expandable for s in start):
@@ -110,7 +100,7 @@ def run(cfg: tuple, faithful: bool, synthetic_start: int, setups: list[tuple], c
     """The native replay's raw result (keys: reserved, allocated, active,
     largest_free, block_sizes, ooms, avoided_ooms, states, devices,
     final_state, allocations, address_mismatches, unknown_frees)."""
-    mod = _module()
+    mod = analysis()
     assert mod is not None
     ev = cap.events
     col = np.ascontiguousarray

@@ -10,41 +10,70 @@ from typing import Any
 import numpy as np
 
 from .._format import EventKind
+from .._native import analysis
 from ..reader import Capture
 
-__all__ = ["module_scopes"]
+__all__ = ["module_scopes", "walk_python"]
 
 _MODULE_KINDS = (EventKind.MODULE_ENTER, EventKind.MODULE_EXIT)
 _BACKWARD_FLAG = 1
 
 
 def module_scopes(cap: Capture, names: Any, start: np.ndarray, thread: np.ndarray, module: np.ndarray,
-                  which: np.ndarray) -> None:
+                  which: np.ndarray, *, engine: str = "auto") -> None:
     """Fills module[r] for rows `which` with the innermost module scope open
-    on their thread when they were allocated."""
+    on their thread when they were allocated. engine: "native" (C++,
+    allocscope._analysis), "python" (walk_python, the reference) or "auto"."""
     ev = cap.events
     idx = np.flatnonzero(np.isin(ev.kind, [int(k) for k in _MODULE_KINDS]) | (ev.kind == EventKind.PHASE))
     if not len(idx):
         return
+    symbol_of, decoded = _symbols(cap, names, idx)
+    fast = analysis() if engine != "python" else None
+    if engine == "native" and fast is None:
+        raise ValueError("allocscope._analysis is not built")
+    if fast is not None:
+        at, on, current = fast.walk_scopes(idx.astype(np.int64), ev.thread[idx].astype(np.int64), symbol_of,
+                                           decoded, list(names.names))
+    else:
+        at, on, current = walk_python(idx, ev.thread[idx], symbol_of, decoded, names.names)
+    rows = np.flatnonzero(which & (start >= 0))
+    for t in np.unique(on).tolist():
+        mine = rows[thread[rows] == t]
+        if not len(mine):
+            continue
+        changed = on == t
+        pos = np.searchsorted(at[changed], start[mine], side="right") - 1
+        module[mine] = np.where(pos >= 0, current[changed][np.maximum(pos, 0)], -1)
+
+
+def _symbols(cap: Capture, names: Any, idx: np.ndarray) -> tuple[np.ndarray, list[tuple[bool, int, bool]]]:
+    """Each scope event as a symbol (-1: a PHASE event), and the symbols as
+    (enter, name, backward). Module names are registered in order of first
+    appearance (names' ids are stable)."""
+    ev = cap.events
     kinds = ev.kind[idx]
     scope = np.flatnonzero(kinds != EventKind.PHASE)
-    # Module names, registered in order of first appearance (names' ids are stable).
-    args = ev.arg[idx[scope]]
-    uniq, first, inverse = np.unique(args, return_index=True, return_inverse=True)
+    uniq, first, inverse = np.unique(ev.arg[idx[scope]], return_index=True, return_inverse=True)
     strings = cap.strings
     name_ids = np.zeros(len(uniq), np.int64)
     for u in np.argsort(first, kind="stable").tolist():
         a = int(uniq[u])
         name_ids[u] = names(strings[a] if a < len(strings) else "?")
-    # Each scope event is a symbol (enter or exit, name, forward or backward).
-    code = (name_ids[np.asarray(inverse).reshape(-1)] * 2 + (ev.addr[idx[scope]] & _BACKWARD_FLAG).astype(np.int64)) * 2 \
-        + (kinds[scope] == EventKind.MODULE_ENTER)
+    backward = (ev.addr[idx[scope]] & _BACKWARD_FLAG).astype(np.int64)
+    code = (name_ids[np.asarray(inverse).reshape(-1)] * 2 + backward) * 2 + (kinds[scope] == EventKind.MODULE_ENTER)
     symbols, sym = np.unique(code, return_inverse=True)
-    n_sym = len(symbols)
-    symbol_of = np.full(len(idx), -1, np.int64)  # -1: a PHASE event
+    symbol_of = np.full(len(idx), -1, np.int64)
     symbol_of[scope] = np.asarray(sym).reshape(-1)
-    decoded = [(bool(c & 1), int(c >> 2), bool(c >> 1 & 1)) for c in symbols.tolist()]  # (enter, name, backward)
+    return symbol_of, [(bool(c & 1), int(c >> 2), bool(c >> 1 & 1)) for c in symbols.tolist()]
 
+
+def walk_python(events: np.ndarray, threads: np.ndarray, symbol_of: np.ndarray,
+                decoded: list[tuple[bool, int, bool]], names: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Where each thread's innermost open scope changed: (event, thread,
+    innermost name or -1), in event order. The reference for the C++ walk
+    (csrc/scopes.cpp)."""
+    n_sym = len(decoded)
     # Each thread's open scopes are a state, interned as an int; a training
     # loop repeats the same few, so each (state, symbol) transition is worked
     # out once and looked up after that.
@@ -67,8 +96,8 @@ def module_scopes(cap: Capture, names: Any, start: np.ndarray, thread: np.ndarra
             if backward:
                 # A module's and its last child's backward begin at the same
                 # node, child first: the parent goes under its open descendants.
-                prefix = names.names[name] + "."
-                while pos and scopes[pos - 1][1] and names.names[scopes[pos - 1][0]].startswith(prefix):
+                prefix = names[name] + "."
+                while pos and scopes[pos - 1][1] and names[scopes[pos - 1][0]].startswith(prefix):
                     pos -= 1
             scopes.insert(pos, (name, backward))
         else:
@@ -84,7 +113,7 @@ def module_scopes(cap: Capture, names: Any, start: np.ndarray, thread: np.ndarra
     at: list[int] = []  # where a thread's scopes changed: event index, thread, new state
     on: list[int] = []
     now: list[int] = []
-    for i, t, s in zip(idx.tolist(), ev.thread[idx].tolist(), symbol_of.tolist(), strict=True):
+    for i, t, s in zip(events.tolist(), threads.tolist(), symbol_of.tolist(), strict=True):
         if s < 0:
             # Backward scopes whose inputs needed no gradient never close: a
             # phase change closes them all.
@@ -107,12 +136,4 @@ def module_scopes(cap: Capture, names: Any, start: np.ndarray, thread: np.ndarra
             on.append(t)
             now.append(nxt)
     innermost = np.array([x[-1][0] if x else -1 for x in states], np.int64)
-    at_, on_, current = np.array(at, np.int64), np.array(on, np.int64), innermost[np.array(now, np.int64)]
-    rows = np.flatnonzero(which & (start >= 0))
-    for t in np.unique(on_).tolist():
-        mine = rows[thread[rows] == t]
-        if not len(mine):
-            continue
-        changed = on_ == t
-        pos = np.searchsorted(at_[changed], start[mine], side="right") - 1
-        module[mine] = np.where(pos >= 0, current[changed][np.maximum(pos, 0)], -1)
+    return np.array(at, np.int64), np.array(on, np.int64), innermost[np.array(now, np.int64)]

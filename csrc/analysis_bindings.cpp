@@ -1,11 +1,13 @@
-// pybind11 glue for allocscope._C.replay: converts the Python-side inputs
-// (numpy event columns, tuples) to replay.h's structs and the result back.
-// No logic here: python/allocscope/allocator/native.py is the facade.
+// pybind11 glue for allocscope._analysis, the analysis' hot loops in C++
+// (no torch): converts Python inputs (numpy columns, tuples) to replay.h's
+// and scopes.h's structs and the results back. No logic here: the facades
+// are python/allocscope/allocator/native.py and attribution/scopes.py.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include "replay.h"
+#include "scopes.h"
 
 namespace py = pybind11;
 
@@ -22,12 +24,16 @@ const T* data_of(const Column<T>& a, size_t n, const char* name) {
   return a.data();
 }
 
+}  // namespace
+
 // A vector handed to numpy without a copy: the array owns it.
 py::array_t<int64_t> to_numpy(std::vector<int64_t>&& v) {
   auto* owned = new std::vector<int64_t>(std::move(v));
   py::capsule free_when_done(owned, [](void* p) { delete static_cast<std::vector<int64_t>*>(p); });
   return py::array_t<int64_t>({owned->size()}, {sizeof(int64_t)}, owned->data(), free_when_done);
 }
+
+namespace {
 
 py::list segments_to_python(const std::vector<SegmentOut>& segs) {
   py::list out;
@@ -146,9 +152,45 @@ py::dict run_replay(py::tuple config, bool faithful, uint64_t synthetic_start, p
 
 }  // namespace allocscope::replay
 
-PYBIND11_MODULE(_replay, m) {
+namespace allocscope::scopes {
+
+py::tuple walk_scopes(const py::array_t<int64_t, py::array::c_style>& events,
+                      const py::array_t<int64_t, py::array::c_style>& threads,
+                      const py::array_t<int64_t, py::array::c_style>& symbols,
+                      const std::vector<std::tuple<bool, int64_t, bool>>& table, const std::vector<std::string>& names) {
+  size_t n = static_cast<size_t>(events.size());
+  if (static_cast<size_t>(threads.size()) != n || static_cast<size_t>(symbols.size()) != n)
+    throw std::invalid_argument("walk_scopes: columns of different lengths");
+  std::vector<Symbol> syms;
+  for (const auto& [enter, name, backward] : table) {
+    if (name < 0 || static_cast<size_t>(name) >= names.size()) throw std::invalid_argument("walk_scopes: bad name");
+    syms.push_back(Symbol{enter, name, backward});
+  }
+  for (size_t j = 0; j < n; ++j)
+    if (symbols.data()[j] >= static_cast<int64_t>(syms.size())) throw std::invalid_argument("walk_scopes: bad symbol");
+  std::vector<Change> changes;
+  {
+    py::gil_scoped_release nogil;
+    changes = walk(n, events.data(), threads.data(), symbols.data(), syms, names);
+  }
+  std::vector<int64_t> at, on, now;
+  for (const Change& c : changes) {
+    at.push_back(c.event);
+    on.push_back(c.thread);
+    now.push_back(c.innermost);
+  }
+  return py::make_tuple(replay::to_numpy(std::move(at)), replay::to_numpy(std::move(on)),
+                        replay::to_numpy(std::move(now)));
+}
+
+}  // namespace allocscope::scopes
+
+PYBIND11_MODULE(_analysis, m) {
   using allocscope::replay::run_replay;
-  m.doc() = "allocscope's replay of a CUDA capture through the caching-allocator model (see replay.h)";
+  using allocscope::scopes::walk_scopes;
+  m.doc() = "allocscope's analysis hot loops in C++: the allocator replay (replay.h) and the module-scope walk (scopes.h)";
+  m.def("walk_scopes", &walk_scopes, py::arg("events"), py::arg("threads"), py::arg("symbols"), py::arg("table"),
+        py::arg("names"));
   m.def("replay", &run_replay, py::arg("config"), py::arg("faithful"), py::arg("synthetic_start"),
         py::arg("devices"), py::arg("kind"), py::arg("addr"), py::arg("size"), py::arg("block"), py::arg("arg"),
         py::arg("stream"), py::arg("deferred"), py::arg("stream_device"), py::arg("stream_handle"),
