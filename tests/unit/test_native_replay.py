@@ -191,3 +191,17 @@ def test_generated_streams_replay_the_same_natively(tmp_path, program, conf, tor
     assert_same(cap, config=other, states_at=at)
     assert_same(cap, limit=96 * MiB, states_at=at[:1])
     assert_same(cap, stop_after=at[1])
+
+
+def test_reports_replay_long_captures_whole_where_the_native_replay_can():
+    from allocscope.reports.report import analyse
+
+    train = allocscope.load(os.path.join(DATA, "cuda_train_v1.alsc"))
+    an = analyse(train, replay_budget=10)
+    assert an.replay is not None and an.replay.replayed_until == len(train.events) - 1
+    assert not any("replayed up to event" in w for w in an.warnings)
+    expandable = allocscope.load(os.path.join(DATA, "cuda_fragment_expandable_v1.alsc"))
+    an = analyse(expandable, replay_budget=10)
+    # its peak comes before its end: the Python replay stops there, and says so
+    assert an.replay is not None and an.replay.replayed_until < len(expandable.events) - 1
+    assert any("replayed up to event" in w for w in an.warnings)

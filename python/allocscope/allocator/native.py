@@ -20,15 +20,15 @@ import numpy as np
 
 from .._format import EventKind
 from .._native import analysis
-from .config import AllocatorConfig
+from .config import AllocatorConfig, recorded_config
 from .recorded import KIND_NAMES
-from .segments import ALLOCATED, INACTIVE, PENDING_FREE, BlockInfo, SegmentInfo
+from .segments import ALLOCATED, INACTIVE, PENDING_FREE, BlockInfo, SegmentInfo, baseline_segments
 
 if TYPE_CHECKING:
     from ..reader import Capture
     from .model import DeviceAllocator
 
-__all__ = ["DeviceCounters", "built", "first_mismatch", "inputs", "run", "segment_infos", "unsupported"]
+__all__ = ["DeviceCounters", "built", "can_replay", "first_mismatch", "inputs", "run", "segment_infos", "unsupported"]
 
 _POOL_KINDS = (EventKind.POOL_BEGIN, EventKind.POOL_END, EventKind.POOL_RELEASE, EventKind.POOL_ALLOC)
 _STATES = (ALLOCATED, PENDING_FREE, INACTIVE)
@@ -53,6 +53,12 @@ def unsupported(cap: Capture, config: AllocatorConfig, start: list[SegmentInfo])
     if np.isin(cap.events.kind, np.array(_POOL_KINDS, np.uint8)).any():
         return "private pools (CUDA graphs, MemPool)"
     return None
+
+
+def can_replay(cap: Capture, config: AllocatorConfig | None = None) -> bool:
+    """Whether replay(cap, config) runs natively (config None: the recorded settings)."""
+    base = cap.baseline("start")
+    return unsupported(cap, config or recorded_config(base, cap.metadata), baseline_segments(base)) is None
 
 
 @dataclasses.dataclass

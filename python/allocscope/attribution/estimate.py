@@ -151,12 +151,16 @@ def waterfall(att: Attribution, m: Moment, th: dict[str, Any], tl: Timeline) -> 
                       f"processes (read at the {base.get('label')} of recording)")
             start = att.capture.baseline("start")
             at_start = outside_allocator(start) if start is not None and start is not base else None
-            if at_start is not None and at_start != outside:
+            if at_start is not None and at_start < outside:
                 # On a GPU this grows as CUDA loads kernels and libraries
                 # create handles on first use; when in between is not recorded.
                 detail += (f"; {at_start} bytes at the start: kernels and library handles (cuBLAS, cuDNN) "
                            "load on first use, so earlier moments may have used up to "
                            f"{outside - at_start} bytes less")
+            elif at_start is not None and at_start > outside:
+                detail += (f"; {at_start} bytes at the start: memory held outside the allocator then (another "
+                           "process, a library) was released since, so earlier moments may have used more")
+            if at_start is not None and at_start != outside:
                 measured["outside_allocator_at_start_bytes"] = at_start
             items.append({"item": "outside_allocator", "bytes": outside, "detail": detail})
             measured["device_used_bytes"] = reserved + outside

@@ -18,7 +18,7 @@ from ..stacks import site
 from .categories import CATEGORIES, Attribution
 from .ops import op_names
 
-__all__ = ["PERSISTENT", "Moment", "Timeline", "bucket_peaks", "category_timeline", "iterations", "live_at", "live_series",
+__all__ = ["PERSISTENT", "Moment", "Timeline", "bucket_peaks", "category_timeline", "iteration_bounds", "iterations", "live_at", "live_series",
            "moment", "op_labels", "ops", "relative_time", "site_labels", "sites", "timeline"]
 
 # Categories that live across iterations by design (never a leak).
@@ -217,6 +217,17 @@ def moment(att: Attribution, e: int, tl: Timeline | None = None, top: int = 20) 
         rounded_bytes=int(att.rounded[live].sum()), by_op=by_op)
 
 
+def iteration_bounds(phase_starts: np.ndarray, phase_iterations: np.ndarray, n: int
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(iteration number, first event, end event (exclusive)) of each
+    iteration in event order: an iteration starts at its first PHASE event
+    and ends where the next one starts."""
+    keys, first_phase = np.unique(phase_iterations, return_index=True)
+    order = np.argsort(phase_starts[first_phase], kind="stable")
+    keys, starts = keys[order], phase_starts[first_phase][order].astype(np.int64)
+    return keys, starts, np.append(starts[1:], n)
+
+
 def iterations(att: Attribution, tl: Timeline) -> list[dict[str, Any]]:
     """Per optimizer step: its peak, growth, and the memory it allocated that
     was never freed. Leaked: such memory outside parameters, buffers,
@@ -226,11 +237,7 @@ def iterations(att: Attribution, tl: Timeline) -> list[dict[str, Any]]:
     if not len(att.phase_starts):
         return []
     n = att.n_events
-    its = att.phase_iterations
-    keys, first_phase = np.unique(its, return_index=True)
-    order = np.argsort(att.phase_starts[first_phase], kind="stable")
-    keys, starts = keys[order], att.phase_starts[first_phase][order].astype(np.int64)
-    ends = np.append(starts[1:], n)
+    keys, starts, ends = iteration_bounds(att.phase_starts, att.phase_iterations, n)
     # Every row by the iteration it was allocated in (-1: before the first).
     owner = np.searchsorted(starts, att.start, side="right") - 1
     persistent = np.isin(att.category, [CATEGORIES.index(c) for c in PERSISTENT])
@@ -289,11 +296,16 @@ def ops(att: Attribution, at: int, top: int = 20) -> list[dict[str, Any]]:
     return _recorded_table(att, at, top, op_labels, "op")
 
 
-def category_timeline(att: Attribution, tl: Timeline, points: int = 256) -> dict[str, Any]:
+def category_timeline(att: Attribution, tl: Timeline, points: int = 256,
+                      window: tuple[int, int] | None = None) -> dict[str, Any]:
     """Bytes live per category at up to `points` moments: in each of
-    `points` equal slices of the events, the moment allocated memory is
-    highest (so no peak is smoothed away)."""
-    picks_arr = bucket_peaks(tl.allocated, points)  # positions: event index + 1
+    `points` equal slices of the events (those from window[0] to window[1]
+    if given), the moment allocated memory is highest (so no peak is
+    smoothed away)."""
+    if window is None:
+        picks_arr = bucket_peaks(tl.allocated, points)  # positions: event index + 1
+    else:
+        picks_arr = window[0] + 1 + bucket_peaks(tl.allocated[window[0] + 1:window[1] + 2], points)
     out: dict[str, Any] = {"event": (picks_arr - 1).tolist(),
                            "time_ns": [relative_time(att.capture, int(p) - 1) for p in picks_arr],
                            "allocated_bytes": tl.allocated[picks_arr].tolist()}

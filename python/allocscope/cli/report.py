@@ -10,7 +10,8 @@ NAME = "report"
 HELP = "explain the peak (or a mark): categories, modules, sites, theory vs practice"
 DESCRIPTION = """\
 Explain where the memory went at the peak of allocated memory (or, with --at,
-at the first mark with that label): bytes live by category (parameter,
+at the first mark with that label; with --steps, at the peak of those
+optimizer steps of a watched model): bytes live by category (parameter,
 gradient, optimizer state, activation, temporary, ...), by module and by
 source line, and the waterfall from the textbook estimate (parameters +
 gradients + optimizer state + activations) to what was measured, line by line:
@@ -22,6 +23,7 @@ units (KiB = 1024 B). --json prints the same as JSON (schema: docs/report.md).
 examples:
   allocscope report step.alsc
   allocscope report step.alsc --at after-forward
+  allocscope report long.alsc --steps 100-120
   allocscope report --json step.alsc | jq '.gap'
 """
 
@@ -30,19 +32,35 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", help="capture file")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.add_argument("--at", metavar="LABEL", help="report at the first mark with this label instead of the peak")
+    parser.add_argument("--steps", metavar="A-B", type=_steps,
+                        help="report on optimizer steps A to B (or one step A) of a watched model: their peak, "
+                             "their iterations, their timeline")
     parser.add_argument("--top", type=int, default=10, metavar="N", help="rows in each table (default 10)")
+
+
+def _steps(text: str) -> tuple[int, int]:
+    first, sep, last = text.partition("-")
+    try:
+        a, b = int(first), int(last) if sep else int(first)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a step or a range of steps (e.g. 100 or 100-120)") from None
+    if a < 0 or b < a:
+        raise argparse.ArgumentTypeError(f"{text!r}: steps run from a first to a last, both >= 0")
+    return a, b
 
 
 def run(args: argparse.Namespace) -> int:
     from .. import load
-    from ..reports.report import MarkNotFound, build_report, render
+    from ..reports.report import MarkNotFound, StepsNotFound, build_report, render
 
     if args.top < 1:
         raise ValueError("--top must be at least 1")
+    if args.at is not None and args.steps is not None:
+        raise ValueError("--at and --steps cannot be used together")
     cap = load(args.file)
     try:
-        report = build_report(cap, at=args.at, top=args.top)
-    except MarkNotFound as e:
+        report = build_report(cap, at=args.at, steps=args.steps, top=args.top)
+    except (MarkNotFound, StepsNotFound) as e:
         raise ValueError(str(e)) from None
     if args.json:
         print(json.dumps(report, indent=1))

@@ -11,21 +11,27 @@ import numpy as np
 
 from .._format import EventKind
 from .._units import format_bytes
+from ..allocator import native
 from ..allocator.recorded import recorded_reserved, request_at
 from ..allocator.replay import Replay, replay
 from ..attribution.categories import Attribution, attribute
 from ..attribution.estimate import theory, waterfall
 from ..attribution.ops import NO_OP
-from ..attribution.timeline import Timeline, category_timeline, iterations, moment, ops, sites, timeline
+from ..attribution.timeline import (Timeline, category_timeline, iteration_bounds, iterations, moment, ops, sites,
+                                    timeline)
 from ..reader import Capture
 from .allocator import allocator_section, oom_section
 from .text import shorten, table
 
-__all__ = ["SCHEMA", "Analysis", "MarkNotFound", "analyse", "build_report", "find_mark", "render"]
+__all__ = ["SCHEMA", "Analysis", "MarkNotFound", "StepsNotFound", "analyse", "build_report", "find_mark", "render",
+           "step_window"]
 
 SCHEMA = "allocscope.report/1"
 
 
+# Captures longer than this replay in Python only as far as the reports look
+# (the native replay, allocator/native.py, replays any length: millions of
+# events per second).
 REPLAY_BUDGET = 2_000_000
 
 
@@ -41,19 +47,25 @@ class Analysis:
     warnings: list[str] = dataclasses.field(default_factory=list)
 
 
-def analyse(cap: Capture, *, replay_budget: int = REPLAY_BUDGET) -> Analysis:
+def analyse(cap: Capture, *, replay_budget: int = REPLAY_BUDGET, window: tuple[int, int] | None = None) -> Analysis:
     """Attribution and timelines; on CUDA first the allocator's replay (its
     state at the peak of reserved memory, and each block's real size when
-    the replay is exact). Captures of more than `replay_budget` events are
-    replayed only as far as the reports look (the peak, the OOMs)."""
+    the replay is exact). Captures of more than `replay_budget` events that
+    only the Python replay can take (expandable segments, private pools) are
+    replayed only as far as the reports look (the peak, the OOMs). window:
+    events (first, last) the report looks at (report --steps): the allocator
+    is replayed up to its end, its state kept at its peak of reserved memory."""
     if "cuda" not in (cap.metadata.get("devices_recorded") or ()):
         att = attribute(cap)
         return Analysis(cap, att, timeline(att))
     warnings: list[str] = []
     reserved = recorded_reserved(cap)
-    at = request_at(cap, int(np.argmax(reserved)) - 1)
-    stop = None
-    if len(cap.events) > replay_budget:
+    if window is None:
+        at = request_at(cap, int(np.argmax(reserved)) - 1)
+    else:
+        at = request_at(cap, window[0] + int(np.argmax(reserved[window[0] + 1:window[1] + 2])))
+    stop = None if window is None else window[1]
+    if window is None and len(cap.events) > replay_budget and not native.can_replay(cap):
         ooms = np.flatnonzero(cap.events.kind == EventKind.OOM)
         stop = max([at] + ooms.tolist())
         if stop < len(cap.events) - 1:
@@ -80,6 +92,24 @@ class MarkNotFound(LookupError):
     """--at names a mark the capture does not have."""
 
 
+class StepsNotFound(LookupError):
+    """--steps names iterations the capture does not have."""
+
+
+def step_window(cap: Capture, first: int, last: int) -> tuple[int, int]:
+    """The events (first, last) of iterations first..last (optimizer steps,
+    as the watched phases number them; timeline.iteration_bounds)."""
+    ev = cap.events
+    p_idx = np.flatnonzero(ev.kind == EventKind.PHASE)
+    if not len(p_idx):
+        raise StepsNotFound(f"{cap.path} has no iterations (they come from a watched model: rec.watch)")
+    keys, starts, ends = iteration_bounds(p_idx, ev.addr[p_idx].astype(np.int64), len(ev))
+    sel = (keys >= first) & (keys <= last)
+    if not sel.any():
+        raise StepsNotFound(f"no iterations {first}-{last} in {cap.path} (it has {int(keys.min())}-{int(keys.max())})")
+    return int(starts[sel].min()), int(ends[sel].max()) - 1
+
+
 def find_mark(cap: Capture, label: str) -> int:
     """Event index of the first MARK with this label."""
     ev = cap.events
@@ -98,14 +128,22 @@ def _section(att: Attribution, tl: Timeline, e: int, top: int) -> dict[str, Any]
     return {"moment": m.to_json(), "theory": th, "gap": gap, "measured": measured}
 
 
-def build_report(cap: Capture, *, at: str | None = None, top: int = 20,
+def build_report(cap: Capture, *, at: str | None = None, steps: tuple[int, int] | None = None, top: int = 20,
                  replay_budget: int = REPLAY_BUDGET, analysis: Analysis | None = None) -> dict[str, Any]:
-    """The report of a capture: the peak (or the first mark `at`) explained.
-    On CUDA captures of more than `replay_budget` events, the allocator is
-    replayed only as far as the report needs."""
-    an = analysis or analyse(cap, replay_budget=replay_budget)
+    """The report of a capture: the peak (or the first mark `at`, or the
+    peak of iterations steps = (first, last)) explained. replay_budget: see
+    analyse()."""
+    if at is not None and steps is not None:
+        raise ValueError("a report is at a mark or over steps, not both")
+    window = step_window(cap, *steps) if steps is not None else None
+    an = analysis or analyse(cap, replay_budget=replay_budget, window=window)
     att, tl = an.att, an.tl
-    peak = tl.peak("allocated")
+    lo, hi = window if window is not None else (0, len(cap.events) - 1)
+    def peak_of(series: np.ndarray) -> int:
+        """The first event where the series is highest (-1: the start), in the window if any."""
+        return int(np.argmax(series)) - 1 if window is None else lo + int(np.argmax(series[lo + 1:hi + 2]))
+
+    peak = peak_of(tl.allocated)
     out: dict[str, Any] = {
         "schema": SCHEMA,
         "capture": {
@@ -115,20 +153,23 @@ def build_report(cap: Capture, *, at: str | None = None, top: int = 20,
         },
         "units": "bytes",
     }
+    if steps is not None:
+        out["steps"] = {"first": steps[0], "last": steps[1], "first_event": lo, "last_event": hi}
     focus = peak if at is None else find_mark(cap, at)
     main = _section(att, tl, focus, top)
     out["peak"] = moment(att, peak, tl, top).to_json() if at is not None else main["moment"]
     if at is not None:
         out["at"] = main["moment"] | {"label": at}
     if tl.reserved is not None:
-        out["peak_reserved"] = moment(att, tl.peak("reserved"), tl, top).to_json()
+        out["peak_reserved"] = moment(att, peak_of(tl.reserved), tl, top).to_json()
     out["theory"] = main["theory"]
     out["gap"] = main["gap"]
     out["measured"] = main["measured"]
-    out["iterations"] = iterations(att, tl)
+    its = iterations(att, tl)
+    out["iterations"] = its if steps is None else [i for i in its if steps[0] <= i["iteration"] <= steps[1]]
     out["sites"] = sites(att, focus, top)
     out["ops"] = ops(att, focus, top)
-    out["timeline"] = category_timeline(att, tl)
+    out["timeline"] = category_timeline(att, tl, window=window)
     out["warnings"] = list(cap.warnings) + att.warnings + an.warnings
     if an.replay is not None and an.replay_at is not None:
         # The allocator's side: its state replayed at the peak of reserved
@@ -143,6 +184,10 @@ def build_report(cap: Capture, *, at: str | None = None, top: int = 20,
 def render(r: dict[str, Any], top: int = 10) -> str:
     focus = r.get("at") or r["peak"]
     where = f"at mark {focus['label']!r}" if "at" in r else "at the peak of allocated memory"
+    if "steps" in r:
+        st = r["steps"]
+        span = str(st["first"]) if st["first"] == st["last"] else f"{st['first']}-{st['last']}"
+        where += f" of step{'s' if st['first'] != st['last'] else ''} {span} (events {st['first_event']}-{st['last_event']})"
     cap = r["capture"]
     lines = [f"{cap['path']}: {cap['device_type']}, {cap['events']} events, "
              f"{cap['duration_ns'] / 1e9:.2f} s{'' if cap['complete'] else ' (incomplete)'}"]
