@@ -3,20 +3,35 @@
 #include "clock.h"
 
 #include <pthread.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
+#include <new>
+#include <string_view>
 
 namespace allocscope {
 
+void* InternTables::Pages::do_allocate(size_t bytes, size_t alignment) {
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw std::bad_alloc();
+  return p;  // page-aligned
+}
+
+void InternTables::Pages::do_deallocate(void* p, size_t bytes, size_t alignment) { munmap(p, bytes); }
+
 uint32_t InternTables::intern_string(const std::string& s) {
-  auto it = string_ids_.find(s);
+  auto it = string_ids_.find(std::string_view(s));
   if (it != string_ids_.end()) return it->second;
-  size_t id = strings.push_back(s);
-  if (id == strings.kCapacity) return kFull;
-  string_ids_.emplace(s, static_cast<uint32_t>(id));
+  if (strings.size() >= strings.kCapacity) return kFull;
+  char* chars = static_cast<char*>(arena_.allocate(s.size() + 1, 1));
+  std::memcpy(chars, s.data(), s.size());
+  chars[s.size()] = '\0';
+  std::string_view stored(chars, s.size());
+  size_t id = strings.push_back(stored);
+  string_ids_.emplace(stored, static_cast<uint32_t>(id));
   return static_cast<uint32_t>(id);
 }
 
@@ -43,9 +58,12 @@ void InternTables::clear() {
   strings.clear();
   frames.clear();
   nodes.clear();
-  string_ids_.clear();
-  frame_ids_.clear();
-  node_ids_.clear();
+  // The maps' memory is the arena's: swap in fresh maps (an empty map
+  // allocates nothing) before the arena lets it go.
+  decltype(string_ids_)(&arena_).swap(string_ids_);
+  decltype(frame_ids_)(&arena_).swap(frame_ids_);
+  decltype(node_ids_)(&arena_).swap(node_ids_);
+  arena_.release();
   nodes.push_back(StackNode{0, 0});  // the root: the empty stack
 }
 

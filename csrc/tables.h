@@ -15,8 +15,10 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory_resource>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 
 namespace allocscope {
@@ -101,14 +103,28 @@ class InternTables {
 
   void clear();  // between recordings; adds the root node
 
-  AppendOnly<std::string> strings;
+  AppendOnly<std::string_view> strings;  // characters in arena_
   AppendOnly<FrameEntry> frames;
   AppendOnly<StackNode> nodes;
 
  private:
-  std::unordered_map<std::string, uint32_t> string_ids_;
-  std::unordered_map<FrameEntry, uint32_t, FrameEntryHash> frame_ids_;
-  std::unordered_map<uint64_t, uint32_t> node_ids_;  // packed (parent, frame)
+  // Pages from mmap, never from the malloc heap: the tables grow by a few
+  // bytes whenever a new string appears (a mark per step with the step's
+  // number), and such small blocks, left among the blocks a training step
+  // mallocs and frees, kept glibc from reusing or returning that memory: the
+  // process grew by the step's working set every step (33 MiB per 1000 steps
+  // in benchmarks/bench_long_run.py before; all of it free memory that
+  // malloc_trim gave back).
+  class Pages : public std::pmr::memory_resource {
+    void* do_allocate(size_t bytes, size_t alignment) override;
+    void do_deallocate(void* p, size_t bytes, size_t alignment) override;
+    bool do_is_equal(const std::pmr::memory_resource& other) const noexcept override { return this == &other; }
+  };
+  Pages pages_;
+  std::pmr::monotonic_buffer_resource arena_{size_t{1} << 20, &pages_};
+  std::pmr::unordered_map<std::string_view, uint32_t> string_ids_{&arena_};
+  std::pmr::unordered_map<FrameEntry, uint32_t, FrameEntryHash> frame_ids_{&arena_};
+  std::pmr::unordered_map<uint64_t, uint32_t> node_ids_{&arena_};  // packed (parent, frame)
 };
 
 // Threads and streams are registered from inside allocator trace callbacks,

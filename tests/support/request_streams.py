@@ -367,7 +367,9 @@ def run_program(worker: Worker, program: list[Any], *, fresh_pool_map: bool = Tr
         worker.restart()
         path, measured = worker.run(program)
     problems, rep, events = check(path, measured)
-    if fresh_pool_map and any(dev.freeable.buckets > 4 for dev in rep.devices.values()):
+    # (a natively replayed capture had no private pools: its devices have no map)
+    if fresh_pool_map and any(getattr(dev, "freeable", None) is not None and dev.freeable.buckets > 4
+                              for dev in rep.devices.values()):
         worker.restart()
     return problems, events
 
