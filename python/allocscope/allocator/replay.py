@@ -62,7 +62,7 @@ class Replay:
     config: AllocatorConfig
     faithful: bool  # replayed with the settings the capture was recorded with
     limit: int | None
-    devices: dict[int, DeviceAllocator]
+    devices: dict[int, DeviceAllocator | native.DeviceCounters]  # native replays keep counters only
     # After each event (index e + 1; 0 is the start), summed over devices:
     reserved: np.ndarray
     allocated: np.ndarray  # bytes of allocated blocks (rounded)
@@ -337,7 +337,7 @@ class _Run:
                 allocations=out["allocations"], address_mismatches=out["address_mismatches"],
                 end_snapshot=compare_snapshot(final, baseline_segments(end)) if end and until == n - 1 else None,
                 checked_until=until)
-        return Replay(self.cfg, self.faithful, self.limit, devices, out["reserved"], out["allocated"],  # type: ignore[arg-type]
+        return Replay(self.cfg, self.faithful, self.limit, devices, out["reserved"], out["allocated"],
                       out["active"], out["largest_free"], ooms, list(out["avoided_ooms"]), states, fidelity,
                       self.warnings, until, out["block_sizes"])
 
