@@ -185,14 +185,21 @@ def _extension():
 def _analysis_extension():
     """The analysis' hot loops (csrc/replay*.cpp, csrc/scopes.cpp): plain C++
     and pybind11, no torch, so that analysing a capture never imports torch."""
-    import pybind11
     from setuptools import Extension
 
+    try:
+        import pybind11
+
+        pybind_include = [pybind11.get_include()]
+    except ImportError:  # torch ships pybind11's headers too (machines without the package)
+        from torch.utils.cpp_extension import include_paths
+
+        pybind_include = include_paths()[:1]
     opt = os.environ.get("ALLOCSCOPE_OPT", "-O2")
     return Extension(
         name="allocscope._analysis",
         sources=["csrc/replay.cpp", "csrc/replay_model.cpp", "csrc/scopes.cpp", "csrc/analysis_bindings.cpp"],
-        include_dirs=[os.path.join(HERE, "csrc"), pybind11.get_include()],
+        include_dirs=[os.path.join(HERE, "csrc"), *pybind_include],
         language="c++",
         extra_compile_args=[opt, "-std=c++17", "-fvisibility=hidden", "-Wall", "-Wextra"],
     )
