@@ -6,6 +6,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <unordered_set>
+
+#include "pairs.h"
 #include "replay.h"
 #include "scopes.h"
 
@@ -185,10 +188,43 @@ py::tuple walk_scopes(const py::array_t<int64_t, py::array::c_style>& events,
 
 }  // namespace allocscope::scopes
 
+namespace allocscope::pairs {
+
+py::tuple py_lifetimes(const py::array_t<uint8_t, py::array::c_style>& kind,
+                       const py::array_t<uint64_t, py::array::c_style>& addr) {
+  if (kind.size() != addr.size()) throw std::invalid_argument("lifetimes: columns of different lengths");
+  Lifetimes lt;
+  {
+    py::gil_scoped_release nogil;
+    lt = lifetimes(static_cast<size_t>(kind.size()), kind.data(), addr.data());
+  }
+  return py::make_tuple(replay::to_numpy(std::move(lt.alloc)), replay::to_numpy(std::move(lt.free)),
+                        replay::to_numpy(std::move(lt.unmatched)), replay::to_numpy(std::move(lt.doubles)));
+}
+
+py::array_t<uint8_t> py_deferred_frees(const py::array_t<uint8_t, py::array::c_style>& kind,
+                                       const py::array_t<uint64_t, py::array::c_style>& addr,
+                                       const std::vector<uint64_t>& pending_at_end) {
+  if (kind.size() != addr.size()) throw std::invalid_argument("deferred_frees: columns of different lengths");
+  std::unordered_set<uint64_t> pending(pending_at_end.begin(), pending_at_end.end());
+  std::vector<uint8_t> out;
+  {
+    py::gil_scoped_release nogil;
+    out = deferred_frees(static_cast<size_t>(kind.size()), kind.data(), addr.data(), pending);
+  }
+  return py::array_t<uint8_t>(static_cast<py::ssize_t>(out.size()), out.data());
+}
+
+}  // namespace allocscope::pairs
+
 PYBIND11_MODULE(_analysis, m) {
   using allocscope::replay::run_replay;
   using allocscope::scopes::walk_scopes;
-  m.doc() = "allocscope's analysis hot loops in C++: the allocator replay (replay.h) and the module-scope walk (scopes.h)";
+  m.doc() = "allocscope's analysis hot loops in C++: the allocator replay (replay.h), the module-scope walk "
+            "(scopes.h), pairing frees with allocations (pairs.h)";
+  m.def("lifetimes", &allocscope::pairs::py_lifetimes, py::arg("kind"), py::arg("addr"));
+  m.def("deferred_frees", &allocscope::pairs::py_deferred_frees, py::arg("kind"), py::arg("addr"),
+        py::arg("pending_at_end"));
   m.def("walk_scopes", &walk_scopes, py::arg("events"), py::arg("threads"), py::arg("symbols"), py::arg("table"),
         py::arg("names"));
   m.def("replay", &run_replay, py::arg("config"), py::arg("faithful"), py::arg("synthetic_start"),

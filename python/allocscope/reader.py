@@ -133,6 +133,11 @@ class Events:
     def select(self, index: np.ndarray) -> "Events":
         return Events(**{name: getattr(self, name)[index] for name in _EVENT_FIELDS})
 
+    def in_sequence_order(self) -> bool:
+        """Whether sequence numbers never decrease from one event to the next
+        (files the recorder writes; a hand-made one may differ)."""
+        return bool(len(self.seq) < 2 or (self.seq[1:] >= self.seq[:-1]).all())
+
     def counts(self) -> dict[str, int]:
         kinds, counts = np.unique(self.kind, return_counts=True)
         return {F.kind_name(int(k)): int(c) for k, c in zip(kinds, counts, strict=True)}

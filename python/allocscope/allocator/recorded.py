@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from .._format import EventKind
+from .._native import analysis
 from ..reader import Capture
 from .blocks import SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP, BumpAddresses, SegmentEvent
 from .segments import baseline_reserved, pending_blocks
@@ -49,11 +50,21 @@ class Fidelity:
         return dataclasses.asdict(self) | {"exact": self.exact}
 
 
-def deferred_frees(cap: Capture) -> np.ndarray:
+def deferred_frees(cap: Capture, *, engine: str = "auto") -> np.ndarray:
     """Per event: a FREE whose block stayed busy until a later FREE_COMPLETED,
-    or until the end of the recording (the end baseline shows it pending)."""
+    or until the end of the recording (the end baseline shows it pending).
+    engine: "native" (C++, allocscope._analysis: one pass with a hash map),
+    "numpy" (the reference, by a sort) or "auto" (native where built and the
+    events are in sequence order)."""
     ev = cap.events
     pending_at_end = pending_blocks(cap.baseline("end"))
+    fast = analysis() if engine != "numpy" else None
+    if engine == "native" and fast is None:
+        raise ValueError("allocscope._analysis is not built")
+    if fast is not None and (engine == "native" or ev.in_sequence_order()):
+        out = fast.deferred_frees(np.ascontiguousarray(ev.kind, np.uint8), np.ascontiguousarray(ev.addr, np.uint64),
+                                  [int(a) for a in pending_at_end])
+        return out.astype(bool)
     k = ev.kind
     idx = np.flatnonzero((k == EventKind.ALLOC) | (k == EventKind.FREE) | (k == EventKind.FREE_COMPLETED))
     order = idx[np.lexsort((ev.seq[idx], ev.addr[idx]))]

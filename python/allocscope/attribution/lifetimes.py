@@ -7,6 +7,7 @@ import dataclasses
 import numpy as np
 
 from .._format import EventKind
+from .._native import analysis
 from ..reader import Events
 
 __all__ = ["Lifetimes", "lifetimes", "live_bytes"]
@@ -32,7 +33,18 @@ class Lifetimes:
         return self.alloc[self.free < 0]
 
 
-def lifetimes(events: Events) -> Lifetimes:
+def lifetimes(events: Events, *, engine: str = "auto") -> Lifetimes:
+    """Each ALLOC's FREE by address, in sequence order. engine: "native"
+    (C++, allocscope._analysis: one pass with a hash map), "numpy" (the
+    reference, by a sort) or "auto" (native where built and the events are in
+    sequence order, as the reader gives them)."""
+    fast = analysis() if engine != "numpy" else None
+    if engine == "native" and fast is None:
+        raise ValueError("allocscope._analysis is not built")
+    if fast is not None and (engine == "native" or events.in_sequence_order()):
+        alloc, free, unmatched, doubles = fast.lifetimes(np.ascontiguousarray(events.kind, np.uint8),
+                                                         np.ascontiguousarray(events.addr, np.uint64))
+        return Lifetimes(alloc, free, unmatched, doubles)
     is_alloc = events.kind == EventKind.ALLOC
     is_free = events.kind == EventKind.FREE
     idx = np.flatnonzero(is_alloc | is_free)

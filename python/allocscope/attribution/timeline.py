@@ -77,13 +77,9 @@ def bucket_peaks(series: np.ndarray, points: int) -> np.ndarray:
     n = len(series)
     if n <= points:
         return np.arange(n, dtype=np.int64)
-    edges = np.linspace(0, n, points + 1).astype(np.int64)
-    width = int(np.max(np.diff(edges)))
-    # Pad each slice to the widest and take argmax row by row (vectorised).
-    idx = edges[:-1, None] + np.arange(width)[None, :]
-    valid = idx < edges[1:, None]
-    vals = np.where(valid, series[np.minimum(idx, n - 1)], np.iinfo(np.int64).min)
-    return edges[:-1] + np.argmax(vals, axis=1)
+    edges = np.linspace(0, n, points + 1).astype(np.int64).tolist()
+    # One argmax per slice: a pass over the series, no padded copy of it.
+    return np.array([a + int(np.argmax(series[a:b])) for a, b in zip(edges[:-1], edges[1:])], np.int64)
 
 
 def timeline(att: Attribution, reserved: np.ndarray | None = None) -> Timeline:

@@ -1,0 +1,29 @@
+// Pairing a capture's frees with their allocations by address, in event
+// order: python/allocscope/attribution/lifetimes.py (lifetimes) and
+// allocator/recorded.py (deferred_frees) in one pass with a hash map instead
+// of a sort. Their numpy versions stay the reference
+// (tests/unit/test_native_pairs.py compares them).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <unordered_set>
+#include <vector>
+
+namespace allocscope::pairs {
+
+struct Lifetimes {
+  std::vector<int64_t> alloc, free;  // each ALLOC (event order) and its FREE (-1: none)
+  std::vector<int64_t> unmatched;    // FREEs of memory no recorded ALLOC made
+  std::vector<int64_t> doubles;      // ALLOCs of an address whose previous ALLOC was not freed
+};
+
+Lifetimes lifetimes(size_t n, const uint8_t* kind, const uint64_t* addr);
+
+// Per event: a FREE whose block waited for another stream (a FREE_COMPLETED
+// follows it at its address), or that is still pending at the end (the last
+// event at an address in pending_at_end).
+std::vector<uint8_t> deferred_frees(size_t n, const uint8_t* kind, const uint64_t* addr,
+                                    const std::unordered_set<uint64_t>& pending_at_end);
+
+}  // namespace allocscope::pairs
