@@ -240,7 +240,8 @@ void Device::free(Handle h, bool deferred) {
 
 void Device::complete(Handle h) {
   if (!alive(h) || !blocks_[h.slot].pending) return;
-  pending_.erase(std::find(pending_.begin(), pending_.end(), h.slot));
+  auto it = std::find(pending_.begin(), pending_.end(), h.slot);
+  if (it != pending_.end()) pending_.erase(it);  // (a pending block is always listed)
   free_block(h.slot);
 }
 
