@@ -3,7 +3,7 @@ it takes; prints JSON (issue 14's "a million events per second").
 
 Captures are synthetic CUDA training loops (tests/support/training_run.py;
 their replay is exact). Each stage runs in a fresh process, so its peak
-resident memory (ru_maxrss) is its own, load included:
+resident memory (VmHWM) is its own, load included:
   load         allocscope.load
   replay       load + allocator.replay.replay (the whole capture)
   attribution  load + attribution.attribute + timeline
@@ -31,6 +31,20 @@ from _common import emit, environment  # noqa: E402
 STAGES = ("load", "replay", "attribution", "report", "html")
 
 
+def _peak_rss_kib() -> int:
+    """This process's peak resident memory. Linux's VmHWM starts afresh at
+    exec; ru_maxrss does not (a child would report the parent's peak, here
+    the parent that wrote a 10M-event capture)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
 def stage(name: str, path: str) -> dict:
     """In this process: the stage's seconds (load apart) and peak memory."""
     import allocscope
@@ -56,7 +70,7 @@ def stage(name: str, path: str) -> dict:
         write_html(cap, os.path.join(os.path.dirname(path), "out.html"))
     t2 = time.perf_counter()
     out = {"load_s": round(t1 - t0, 2), "seconds": round(t2 - t1 if name != "load" else t1 - t0, 2),
-           "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+           "peak_rss_mib": round(_peak_rss_kib() / 1024, 1)}
     if name == "replay":
         out["exact"] = exact
     return out
