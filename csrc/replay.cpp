@@ -218,10 +218,11 @@ class Run {
     auto found = recorded_.find(d);
     if (found != recorded_.end()) mine = &found->second;
     int64_t first = e;
+    std::vector<Recorded>::const_iterator from;  // mine's first event at or after the oldest completion
     if (mine != nullptr) {
-      auto it = std::lower_bound(mine->begin(), mine->end(), ready_.front().first,
-                                 [](const Recorded& r, int64_t v) { return r.event < v; });
-      if (it != mine->end() && it->event < e) first = it->event;
+      from = std::lower_bound(mine->begin(), mine->end(), ready_.front().first,
+                              [](const Recorded& r, int64_t v) { return r.event < v; });
+      if (from != mine->end() && from->event < e) first = from->event;
     }
     std::vector<std::pair<int64_t, uint64_t>> early;
     for (const auto& r : ready_)
@@ -238,9 +239,8 @@ class Run {
       if (!blocks.empty()) made = dev->trial(blocks, size, handle_of(st));
       std::vector<std::tuple<int, uint64_t, uint64_t>> recorded;
       if (mine != nullptr)
-        for (const Recorded& r : *mine)
-          if (r.event >= first && r.event < e)
-            recorded.push_back({r.kind, r.kind != format::kSegmentAlloc ? r.addr : 0, r.size});
+        for (auto r = from; r != mine->end() && r->event < e; ++r)
+          recorded.push_back({r->kind, r->kind != format::kSegmentAlloc ? r->addr : 0, r->size});
       std::vector<std::tuple<int, uint64_t, uint64_t>> simulated;
       for (const SegEvent& s : made) simulated.push_back({s.kind, s.kind != format::kSegmentAlloc ? s.addr : 0, s.size});
       if (simulated != recorded) early.clear();

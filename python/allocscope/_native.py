@@ -31,6 +31,18 @@ def native() -> ModuleType:
     return _C
 
 
+def analysis_for(engine: str, reference: str) -> ModuleType | None:
+    """allocscope._analysis where `engine` ("auto", "native" or the name of
+    the reference implementation) asks for it and it is built; None: use the
+    reference. ValueError for an unknown engine, or "native" not built."""
+    if engine not in ("auto", "native", reference):
+        raise ValueError(f"unknown engine {engine!r} (auto, native, {reference})")
+    fast = analysis() if engine != reference else None
+    if engine == "native" and fast is None:
+        raise ValueError("allocscope._analysis is not built")
+    return fast
+
+
 @functools.lru_cache(maxsize=None)
 def analysis() -> ModuleType | None:
     """allocscope._analysis, or None where it is not built."""

@@ -77,3 +77,9 @@ def test_events_out_of_sequence_order_take_the_sort():
     assert not events.in_sequence_order()
     lt = lifetimes(events)
     assert lt.alloc.tolist() == [1] and lt.free.tolist() == [0]
+
+
+def test_an_unknown_engine_is_refused():
+    events = Events(kind=np.array([K.ALLOC], np.uint8), addr=np.array([512], np.uint64), seq=np.array([0], np.uint64))
+    with pytest.raises(ValueError, match="unknown engine"):
+        lifetimes(events, engine="fast")

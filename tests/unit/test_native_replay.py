@@ -131,7 +131,8 @@ def write_program(path, program, conf, torch_version, total):
             for e in dev.events[n:]:
                 b.event(_SEGMENT_KINDS[e.kind], addr=e.addr, size=e.size, stream=streams[s])
             if blk is None:
-                b.event(K.OOM, size=size, block=size, arg=1 * MiB, stream=streams[s])
+                # arg: the device's free bytes, as c10 reports them (the replay bounds the card by them)
+                b.event(K.OOM, size=size, block=size, arg=total - dev.reserved, stream=streams[s])
             else:
                 live.append((s, blk, blk.addr))
                 b.alloc(blk.addr, size, stream=streams[s])

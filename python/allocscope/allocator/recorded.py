@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from .._format import EventKind
-from .._native import analysis
+from .._native import analysis_for
 from ..reader import Capture
 from .blocks import SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP, BumpAddresses, SegmentEvent
 from .segments import baseline_reserved, pending_blocks
@@ -58,9 +58,7 @@ def deferred_frees(cap: Capture, *, engine: str = "auto") -> np.ndarray:
     events are in sequence order)."""
     ev = cap.events
     pending_at_end = pending_blocks(cap.baseline("end"))
-    fast = analysis() if engine != "numpy" else None
-    if engine == "native" and fast is None:
-        raise ValueError("allocscope._analysis is not built")
+    fast = analysis_for(engine, "numpy")
     if fast is not None and (engine == "native" or ev.in_sequence_order()):
         out = fast.deferred_frees(np.ascontiguousarray(ev.kind, np.uint8), np.ascontiguousarray(ev.addr, np.uint64),
                                   [int(a) for a in pending_at_end])

@@ -186,7 +186,6 @@ class _Run:
         self.ooms: list[OomRecord] = []
         self.avoided: list[int] = []  # recorded OOM requests the model could serve
         self.allocs = self.address_mismatches = 0
-        self.block_sizes = np.zeros(len(ev), np.int64)
         self._load(start)
         if limit is None:
             self._bound_by_recorded_ooms()
@@ -262,6 +261,7 @@ class _Run:
     def replay(self, targets: list[int], stop_after: int | None) -> Replay:
         ev = self.cap.events
         n = len(ev)
+        self.block_sizes = np.zeros(n, np.int64)
         states: dict[int, list[SegmentInfo]] = {}
         t_ptr = 0
         while t_ptr < len(targets) and targets[t_ptr] < 0:

@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 
 from .._format import EventKind
-from .._native import analysis
+from .._native import analysis_for
 from ..reader import Events
 
 __all__ = ["Lifetimes", "lifetimes", "live_bytes"]
@@ -38,9 +38,7 @@ def lifetimes(events: Events, *, engine: str = "auto") -> Lifetimes:
     (C++, allocscope._analysis: one pass with a hash map), "numpy" (the
     reference, by a sort) or "auto" (native where built and the events are in
     sequence order, as the reader gives them)."""
-    fast = analysis() if engine != "numpy" else None
-    if engine == "native" and fast is None:
-        raise ValueError("allocscope._analysis is not built")
+    fast = analysis_for(engine, "numpy")
     if fast is not None and (engine == "native" or events.in_sequence_order()):
         alloc, free, unmatched, doubles = fast.lifetimes(np.ascontiguousarray(events.kind, np.uint8),
                                                          np.ascontiguousarray(events.addr, np.uint64))

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from .._format import EventKind
-from .._native import analysis
+from .._native import analysis_for
 from ..reader import Capture
 
 __all__ = ["module_scopes", "walk_python"]
@@ -29,9 +29,7 @@ def module_scopes(cap: Capture, names: Any, start: np.ndarray, thread: np.ndarra
     if not len(idx):
         return
     symbol_of, decoded = _symbols(cap, names, idx)
-    fast = analysis() if engine != "python" else None
-    if engine == "native" and fast is None:
-        raise ValueError("allocscope._analysis is not built")
+    fast = analysis_for(engine, "python")
     if fast is not None:
         at, on, current = fast.walk_scopes(idx.astype(np.int64), ev.thread[idx].astype(np.int64), symbol_of,
                                            decoded, list(names.names))
