@@ -9,6 +9,7 @@ chunk, with a TruncatedCaptureWarning.
 from __future__ import annotations
 
 import dataclasses
+import mmap
 import os
 import struct
 import warnings
@@ -18,7 +19,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from . import _format as F
-from ._format import FormatError
+from ._format import EventKind, FormatError
 from ._progress import Progress
 
 __all__ = [
@@ -162,7 +163,17 @@ class Capture:
         self.baselines: list[dict[str, Any]] = []
         self.footer: dict[str, Any] | None = None
         self.warnings: list[str] = []
-        self.chunk_bytes: dict[str, int] = {}  # file bytes by chunk type, headers included
+        self.chunk_bytes: dict[str, int] = {}  # file bytes by chunk type, headers included (of the chunks read)
+        # load(through_step=...): set when the read stopped before the end of
+        # the file (the step whose start ended it); events_in_file is then the
+        # footer's count (None without a footer).
+        self.read_until_step: int | None = None
+        self.events_in_file: int | None = None
+
+    @property
+    def partial(self) -> bool:
+        """True when load(through_step=...) left the events after some step unread."""
+        return self.read_until_step is not None
 
     @property
     def complete(self) -> bool:
@@ -203,7 +214,8 @@ class Capture:
         return f"<Capture {self.path!r}: {len(self.events)} events, {len(self.stack_parent)} stacks, {state}>"
 
 
-def load(path: str | os.PathLike[str], *, salvage: bool = False, progress: bool | None = None) -> Capture:
+def load(path: str | os.PathLike[str], *, salvage: bool = False, progress: bool | None = None,
+         through_step: int | None = None) -> Capture:
     """Reads a capture file.
 
     Raises NotACaptureError, UnsupportedVersionError or CorruptCaptureError
@@ -211,23 +223,40 @@ def load(path: str | os.PathLike[str], *, salvage: bool = False, progress: bool 
     loads up to its last whole chunk with a TruncatedCaptureWarning. With
     salvage=True a damaged chunk ends the load the same way instead of raising.
     progress: show a progress bar on stderr (default: for large files on a TTY).
+    through_step: read only what optimizer steps up to this one need (of a
+    watched model; report --steps): events stop with the chunk where step
+    through_step + 2 starts, so that step through_step + 1, in which the last
+    step's tensors are freed, is read whole. The rest of the file is not
+    decoded; its footer is still found (Capture.events_in_file, .complete).
     """
     path = os.fspath(path)
+    if through_step is not None and through_step < 0:
+        raise ValueError(f"through_step must be >= 0, not {through_step}")
     try:
         with open(path, "rb") as f:
-            data = f.read()
+            data = _map(f) if through_step is not None else f.read()
     except IsADirectoryError:
         raise CaptureError(f"{path} is a directory, not a capture file") from None
     except OSError as e:
         raise CaptureError(f"cannot read {path}: {e.strerror or e}") from None
-    return _Decoder(path, data, salvage, progress).run()
+    return _Decoder(path, data, salvage, progress, through_step).run()
+
+
+def _map(f: Any) -> bytes | mmap.mmap:
+    """The file mapped, so that the parts a partial read skips are never read
+    from disk (an empty file cannot be mapped)."""
+    if os.fstat(f.fileno()).st_size == 0:
+        return b""
+    return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
 
 
 class _Decoder:
-    def __init__(self, path: str, data: bytes, salvage: bool, progress: bool | None):
+    def __init__(self, path: str, data: bytes | mmap.mmap, salvage: bool, progress: bool | None,
+                 through_step: int | None = None):
         self.path = path
         self.data = memoryview(data)
         self.salvage = salvage
+        self.through_step = through_step
         self.progress = Progress(f"loading {os.path.basename(path)}", len(data), enabled=progress)
         self.capture = Capture(path)
         self.blocks: list[F.EventBlock] = []
@@ -243,7 +272,11 @@ class _Decoder:
                 except (ValueError, struct.error, IndexError, OverflowError) as e:  # FormatError is a ValueError
                     self._damaged(f"chunk at byte {offset} is invalid: {e}")
                     break
-                self.progress.update(offset + F.CHUNK_HEADER.size + len(payload))
+                end = offset + F.CHUNK_HEADER.size + len(payload)
+                self.progress.update(end)
+                if kind == F.Chunk.EVENTS and self._read_enough():
+                    self._find_footer(end)
+                    break
         finally:
             self.progress.close()
         self._finish()
@@ -363,6 +396,50 @@ class _Decoder:
             c.footer = footer
         # Unknown chunk types are skipped: a newer writer may add some without
         # breaking older readers (docs/format.md, "Compatibility").
+
+    def _read_enough(self) -> bool:
+        """Whether the last events block holds the start of step through_step + 2."""
+        if self.through_step is None:
+            return False
+        block = self.blocks[-1]
+        phases = (block.kind & F.KIND_MASK) == EventKind.PHASE
+        if not phases.any() or int(block.addr[phases].max()) <= self.through_step + 1:
+            return False
+        self.capture.read_until_step = int(block.addr[phases].max())
+        return True
+
+    def _find_footer(self, pos: int) -> None:
+        """Walks the chunk headers after a partial read, without decoding or
+        checking the event chunks it skips, to the baselines and the footer
+        (recording stopped cleanly, and how many events the file holds). A
+        damaged chunk or a file that ends early leaves what follows unknown."""
+        end = len(self.data)
+        skipped = False
+        while pos + F.CHUNK_HEADER.size <= end:
+            kind, zero1, zero2, length, crc = F.CHUNK_HEADER.unpack_from(self.data, pos)
+            start = pos + F.CHUNK_HEADER.size
+            if zero1 or zero2 or length > F.MAX_CHUNK or start + length > end:
+                return
+            skipped |= kind == F.Chunk.EVENTS
+            # The baselines taken when recording stopped (the allocator's end
+            # state, device readings) are read as a whole read would.
+            if kind in (F.Chunk.FOOTER, F.Chunk.BASELINE):
+                payload = self.data[start:start + length]
+                head = zlib.crc32(self.data[pos + 4:pos + 8], zlib.crc32(self.data[pos:pos + 1]))
+                try:
+                    if zlib.crc32(payload, head) != crc:
+                        return
+                    self._chunk(kind, payload)
+                except ValueError:  # FormatError: what follows a damaged chunk stays unknown
+                    return
+                if kind == F.Chunk.FOOTER:
+                    events = self.capture.footer.get("events") if self.capture.footer else None
+                    if not skipped:  # the read stopped in the last events: it read them all
+                        self.capture.read_until_step = None
+                    elif isinstance(events, int):
+                        self.capture.events_in_file = events
+                    return
+            pos = start + length
 
     @staticmethod
     def _end(payload: memoryview, pos: int) -> None:

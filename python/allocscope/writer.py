@@ -156,8 +156,12 @@ class CaptureWriter:
             F.varint(t) + F.varint(len(n.encode())) + n.encode() for t, n in self.threads))
         out += F.chunk(F.Chunk.STREAMS, F.varint(0) + F.varint(len(self.streams)) + b"".join(
             F.varint(F.zigzag(d)) + F.varint(h) for d, h in self.streams))
+        # Baselines taken after the first event (the end state) follow the
+        # events, where the recorder writes them.
+        later = [b for b in self.baselines if isinstance(b.get("seq"), int) and b["seq"] > 0]
         for b in self.baselines:
-            out += F.chunk(F.Chunk.BASELINE, json.dumps(b).encode())
+            if not any(b is x for x in later):
+                out += F.chunk(F.Chunk.BASELINE, json.dumps(b).encode())
         if not self._blocks:
             for start in range(0, len(self.events), events_per_chunk):
                 out += F.chunk(F.Chunk.EVENTS, F.encode_events(self.events[start:start + events_per_chunk], start,
@@ -168,6 +172,8 @@ class CaptureWriter:
             for start in range(0, self._bulk_events, events_per_chunk):
                 part = {c: v[start:start + events_per_chunk] for c, v in cols.items()}
                 out += F.chunk(F.Chunk.EVENTS, F.encode_event_columns(part, start, version))
+        for b in later:
+            out += F.chunk(F.Chunk.BASELINE, json.dumps(b).encode())
         if footer:
             out += F.chunk(F.Chunk.FOOTER, json.dumps(
                 {"events": self.n_events, "dropped": 0, "reason": "stopped"}).encode())

@@ -123,7 +123,7 @@ def _columns(rows: list[tuple[int, ...]]) -> dict[str, np.ndarray]:
 
 
 def training_run(path: str, events: int, *, device: str = "cuda", layers: int = 24, hidden: int = 1024,
-                 batch: int = 512) -> dict[str, Any]:
+                 batch: int = 512, events_per_chunk: int = 65536) -> dict[str, Any]:
     """Writes a capture of about `events` events; returns what it holds."""
     cuda = device == "cuda"
     total = 80 * GiB
@@ -169,5 +169,5 @@ def training_run(path: str, events: int, *, device: str = "cuda", layers: int = 
     if cuda:
         b.baseline({"label": "end", "device_type": "cuda", "seq": b.n_events, "segments": [seg.to_baseline() for seg in segments(dev)],
                     "config": b.baselines[0]["config"], "devices": b.baselines[0]["devices"]})
-    b.write(path)
+    b.write(path, events_per_chunk=events_per_chunk)
     return {"events": b.n_events, "steps": steps, "per_step": per_step, "device": device}

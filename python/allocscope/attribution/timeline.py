@@ -264,32 +264,39 @@ def iterations(att: Attribution, tl: Timeline) -> list[dict[str, Any]]:
     return out
 
 
-def _recorded_table(att: Attribution, at: int, top: int, labels: Any, key: str) -> list[dict[str, Any]]:
+def _recorded_table(att: Attribution, at: int, top: int, labels: Any, key: str,
+                    window: tuple[int, int] | None) -> list[dict[str, Any]]:
     """Recorded allocations grouped by labels(att, rows): bytes live at event
-    `at`, then bytes allocated over the whole capture."""
+    `at`, then bytes allocated over the whole capture (or over the events
+    window[0]..window[1]; groups with neither are left out)."""
     recorded = np.flatnonzero(att.start >= 0)
     if not len(recorded):
         return []
     code, names = labels(att, recorded)
     size = att.size[recorded]
-    allocated = np.bincount(code, weights=size, minlength=len(names)).astype(np.int64)
-    count = np.bincount(code, minlength=len(names))
+    counted = np.ones(len(recorded), bool)
+    if window is not None:
+        counted = (att.start[recorded] >= window[0]) & (att.start[recorded] <= window[1])
+    allocated = np.bincount(code[counted], weights=size[counted], minlength=len(names)).astype(np.int64)
+    count = np.bincount(code[counted], minlength=len(names))
     live = att.live(at)[recorded]
     live_bytes = np.bincount(code[live], weights=size[live], minlength=len(names)).astype(np.int64)
-    order = np.lexsort((-allocated, -live_bytes))[:top]
+    order = np.lexsort((-allocated, -live_bytes))
+    order = order[(count[order] > 0) | (live_bytes[order] > 0)][:top]
     return [{key: names[i], "allocations": int(count[i]), "allocated_bytes": int(allocated[i]),
              "live_bytes": int(live_bytes[i])} for i in order.tolist()]
 
 
-def sites(att: Attribution, at: int, top: int = 20) -> list[dict[str, Any]]:
+def sites(att: Attribution, at: int, top: int = 20, window: tuple[int, int] | None = None) -> list[dict[str, Any]]:
     """Allocation sites (the user's source line) by bytes live at event `at`,
-    then by bytes allocated over the whole capture."""
-    return _recorded_table(att, at, top, site_labels, "site")
+    then by bytes allocated over the whole capture (or over the events of
+    window = (first, last))."""
+    return _recorded_table(att, at, top, site_labels, "site", window)
 
 
-def ops(att: Attribution, at: int, top: int = 20) -> list[dict[str, Any]]:
+def ops(att: Attribution, at: int, top: int = 20, window: tuple[int, int] | None = None) -> list[dict[str, Any]]:
     """The ops that allocated (attribution.ops), ordered as sites()."""
-    return _recorded_table(att, at, top, op_labels, "op")
+    return _recorded_table(att, at, top, op_labels, "op", window)
 
 
 def category_timeline(att: Attribution, tl: Timeline, points: int = 256,

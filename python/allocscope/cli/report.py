@@ -57,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--top must be at least 1")
     if args.at is not None and args.steps is not None:
         raise ValueError("--at and --steps cannot be used together")
-    cap = load(args.file)
+    # --steps reads only as far as the steps need (reader.load(through_step=)).
+    cap = load(args.file, through_step=args.steps[1] if args.steps is not None else None)
     try:
         report = build_report(cap, at=args.at, steps=args.steps, top=args.top)
     except (MarkNotFound, StepsNotFound) as e:

@@ -153,6 +153,8 @@ def build_report(cap: Capture, *, at: str | None = None, steps: tuple[int, int] 
         },
         "units": "bytes",
     }
+    if cap.partial:
+        out["capture"]["partial"] = {"until_step": cap.read_until_step, "events_in_file": cap.events_in_file}
     if steps is not None:
         out["steps"] = {"first": steps[0], "last": steps[1], "first_event": lo, "last_event": hi}
     focus = peak if at is None else find_mark(cap, at)
@@ -167,8 +169,8 @@ def build_report(cap: Capture, *, at: str | None = None, steps: tuple[int, int] 
     out["measured"] = main["measured"]
     its = iterations(att, tl)
     out["iterations"] = its if steps is None else [i for i in its if steps[0] <= i["iteration"] <= steps[1]]
-    out["sites"] = sites(att, focus, top)
-    out["ops"] = ops(att, focus, top)
+    out["sites"] = sites(att, focus, top, window=window)
+    out["ops"] = ops(att, focus, top, window=window)
     out["timeline"] = category_timeline(att, tl, window=window)
     out["warnings"] = list(cap.warnings) + att.warnings + an.warnings
     if an.replay is not None and an.replay_at is not None:
@@ -189,7 +191,12 @@ def render(r: dict[str, Any], top: int = 10) -> str:
         span = str(st["first"]) if st["first"] == st["last"] else f"{st['first']}-{st['last']}"
         where += f" of step{'s' if st['first'] != st['last'] else ''} {span} (events {st['first_event']}-{st['last_event']})"
     cap = r["capture"]
-    lines = [f"{cap['path']}: {cap['device_type']}, {cap['events']} events, "
+    events = f"{cap['events']} events"
+    if "partial" in cap:
+        part = cap["partial"]
+        of = f" of {part['events_in_file']}" if part["events_in_file"] is not None else ""
+        events += f" read{of} (up to the start of step {part['until_step']}; the rest was not read)"
+    lines = [f"{cap['path']}: {cap['device_type']}, {events}, "
              f"{cap['duration_ns'] / 1e9:.2f} s{'' if cap['complete'] else ' (incomplete)'}"]
     if not cap["watched"]:
         lines.append("no model was watched: categories and the estimate need rec.watch(model, optimizer)")
