@@ -199,7 +199,7 @@ def _analysis_extension():
     return Extension(
         name="allocscope._analysis",
         sources=["csrc/replay.cpp", "csrc/replay_model.cpp", "csrc/scopes.cpp", "csrc/pairs.cpp",
-                 "csrc/analysis_bindings.cpp"],
+                 "csrc/decode.cpp", "csrc/analysis_bindings.cpp"],
         include_dirs=[os.path.join(HERE, "csrc"), *pybind_include],
         language="c++",
         extra_compile_args=[opt, "-std=c++17", "-fvisibility=hidden", "-Wall", "-Wextra"],

@@ -6,8 +6,10 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <unordered_set>
 
+#include "decode.h"
 #include "pairs.h"
 #include "replay.h"
 #include "scopes.h"
@@ -217,11 +219,58 @@ py::array_t<uint8_t> py_deferred_frees(const py::array_t<uint8_t, py::array::c_s
 
 }  // namespace allocscope::pairs
 
+namespace allocscope::decode {
+
+namespace {
+
+// Row `at` of the writable column `name` of length `rows`; the dict keeps
+// the array alive.
+template <typename T>
+T* row_of(const py::dict& columns, const char* name, size_t at, size_t rows) {
+  auto a = py::cast<py::array_t<T, py::array::c_style>>(columns[name]);
+  if (!a.writeable() || static_cast<size_t>(a.size()) != rows || at > rows)
+    throw std::invalid_argument(std::string("decode_events: column ") + name + " is read-only or of another length");
+  return a.mutable_data() + at;
+}
+
+}  // namespace
+
+// Decodes one EVENTS payload into rows at.. of the loaded capture's columns.
+py::tuple py_decode_events(const py::buffer& payload, int version, const py::dict& columns, size_t at) {
+  py::buffer_info in = payload.request();
+  if (in.ndim != 1 || in.itemsize != 1 || in.strides[0] != 1)
+    throw std::invalid_argument("decode_events: the payload must be contiguous bytes");
+  size_t rows = static_cast<size_t>(py::len(columns["kind"]));
+  Out out;
+  out.capacity = rows - std::min(at, rows);
+  out.kind = row_of<uint8_t>(columns, "kind", at, rows);
+  out.time = row_of<int64_t>(columns, "time", at, rows);
+  out.thread = row_of<uint16_t>(columns, "thread", at, rows);
+  out.stream = row_of<uint16_t>(columns, "stream", at, rows);
+  out.addr = row_of<uint64_t>(columns, "addr", at, rows);
+  out.size = row_of<uint64_t>(columns, "size", at, rows);
+  out.block = row_of<uint64_t>(columns, "block", at, rows);
+  out.stack = row_of<uint32_t>(columns, "stack", at, rows);
+  out.arg = row_of<uint64_t>(columns, "arg", at, rows);
+  out.op = row_of<uint32_t>(columns, "op", at, rows);
+  Decoded d;
+  {
+    py::gil_scoped_release nogil;
+    d = events(static_cast<const uint8_t*>(in.ptr), static_cast<size_t>(in.size), version, out);
+  }
+  return py::make_tuple(d.count, d.first_seq);
+}
+
+}  // namespace allocscope::decode
+
 PYBIND11_MODULE(_analysis, m) {
   using allocscope::replay::run_replay;
   using allocscope::scopes::walk_scopes;
   m.doc() = "allocscope's analysis hot loops in C++: the allocator replay (replay.h), the module-scope walk "
-            "(scopes.h), pairing frees with allocations (pairs.h)";
+            "(scopes.h), pairing frees with allocations (pairs.h), decoding events chunks (decode.h)";
+  py::register_exception<allocscope::decode::FormatError>(m, "FormatError", PyExc_ValueError);
+  m.def("decode_events", &allocscope::decode::py_decode_events, py::arg("payload"), py::arg("version"),
+        py::arg("columns"), py::arg("at"));
   m.def("lifetimes", &allocscope::pairs::py_lifetimes, py::arg("kind"), py::arg("addr"));
   m.def("deferred_frees", &allocscope::pairs::py_deferred_frees, py::arg("kind"), py::arg("addr"),
         py::arg("pending_at_end"));

@@ -1,5 +1,5 @@
-"""allocscope's analysis hot loops in C++ (csrc/replay*.cpp, scopes.cpp, pairs.cpp); no torch.
-Private: use allocscope.allocator.replay, attribution.lifetimes / scopes, allocator.recorded."""
+"""allocscope's analysis hot loops in C++ (csrc/replay*.cpp, scopes.cpp, pairs.cpp, decode.cpp); no torch.
+Private: use allocscope.allocator.replay, attribution.lifetimes / scopes, allocator.recorded, allocscope.load."""
 
 from typing import Any
 
@@ -17,3 +17,8 @@ def lifetimes(kind: np.ndarray, addr: np.ndarray) -> tuple[np.ndarray, np.ndarra
     """(allocs, their frees or -1, unmatched frees, double allocs), events in sequence order."""
 def deferred_frees(kind: np.ndarray, addr: np.ndarray, pending_at_end: list[int]) -> np.ndarray:
     """Per event (uint8): a FREE that waited for another stream."""
+def decode_events(payload: Any, version: int, columns: dict[str, np.ndarray], at: int) -> tuple[int, int]:
+    """Decodes one EVENTS payload into rows at.. of the columns (_decode.py); (count, first_seq).
+    FormatError (a ValueError) where the payload does not follow the format."""
+
+class FormatError(ValueError): ...

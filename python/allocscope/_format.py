@@ -13,7 +13,7 @@ import enum
 import json
 import struct
 import zlib
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -245,6 +245,19 @@ class EventBlock:
         self.op = op.astype(np.uint32)
 
 
+def chunk_headers(data: bytes | memoryview, pos: int) -> Iterator[tuple[int, int, int, int]]:
+    """(kind, header position, payload length, crc) of the chunks from pos
+    on, from their headers alone (payloads neither read nor checked); a
+    damaged header or a file cut short ends the walk."""
+    end = len(data)
+    while pos + CHUNK_HEADER.size <= end:
+        kind, zero1, zero2, length, crc = CHUNK_HEADER.unpack_from(data, pos)
+        if zero1 or zero2 or length > MAX_CHUNK or pos + CHUNK_HEADER.size + length > end:
+            return
+        yield kind, pos, length, crc
+        pos += CHUNK_HEADER.size + length
+
+
 def table_entries(payload: memoryview, expected_first: int) -> tuple[int, int]:
     """Reads a table chunk's (first id, count) and checks it continues the table."""
     first, pos = read_varint(payload, 0)
@@ -391,10 +404,12 @@ def encode_events(rows: Iterable[Sequence[int]], first_seq: int, version: int = 
     out = bytearray()
     out += varint(len(rows)) + varint(first_seq) + varint(zigzag(times[0])) + bytes([shift])
     out += bytes([Encoding.RAW]) + bytes(cols[0])
-    out += encode_column([zigzag(t - (times[i - 1] if i else times[0])) for i, t in enumerate(times)])
+    # Deltas wrap to int64, as the readers' cumulative sums do.
+    wrap = lambda d: (d + (1 << 63)) % (1 << 64) - (1 << 63)  # noqa: E731
+    out += encode_column([zigzag(wrap(t - (times[i - 1] if i else times[0]))) for i, t in enumerate(times)])
     out += encode_column(cols[2])
     out += encode_column(cols[3])
-    out += encode_column([zigzag(a - (addrs[i - 1] if i else 0)) for i, a in enumerate(addrs)])
+    out += encode_column([zigzag(wrap(a - (addrs[i - 1] if i else 0))) for i, a in enumerate(addrs)])
     for c in cols[5:len(columns_of(version))]:
         out += encode_column(c)
     return bytes(out)

@@ -19,6 +19,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from . import _format as F
+from ._decode import EventColumns
 from ._format import EventKind, FormatError
 from ._progress import Progress
 
@@ -215,7 +216,7 @@ class Capture:
 
 
 def load(path: str | os.PathLike[str], *, salvage: bool = False, progress: bool | None = None,
-         through_step: int | None = None) -> Capture:
+         through_step: int | None = None, engine: str = "auto") -> Capture:
     """Reads a capture file.
 
     Raises NotACaptureError, UnsupportedVersionError or CorruptCaptureError
@@ -228,6 +229,8 @@ def load(path: str | os.PathLike[str], *, salvage: bool = False, progress: bool 
     through_step + 2 starts, so that step through_step + 1, in which the last
     step's tensors are freed, is read whole. The rest of the file is not
     decoded; its footer is still found (Capture.events_in_file, .complete).
+    engine: "auto" (the native decoder where allocscope._analysis is built),
+    "native", or "numpy" (the reference decoder).
     """
     path = os.fspath(path)
     if through_step is not None and through_step < 0:
@@ -239,7 +242,7 @@ def load(path: str | os.PathLike[str], *, salvage: bool = False, progress: bool 
         raise CaptureError(f"{path} is a directory, not a capture file") from None
     except OSError as e:
         raise CaptureError(f"cannot read {path}: {e.strerror or e}") from None
-    return _Decoder(path, data, salvage, progress, through_step).run()
+    return _Decoder(path, data, salvage, progress, through_step, engine).run()
 
 
 def _map(f: Any) -> bytes | mmap.mmap:
@@ -252,19 +255,22 @@ def _map(f: Any) -> bytes | mmap.mmap:
 
 class _Decoder:
     def __init__(self, path: str, data: bytes | mmap.mmap, salvage: bool, progress: bool | None,
-                 through_step: int | None = None):
+                 through_step: int | None = None, engine: str = "auto"):
         self.path = path
         self.data = memoryview(data)
         self.salvage = salvage
         self.through_step = through_step
+        self.engine = engine
         self.progress = Progress(f"loading {os.path.basename(path)}", len(data), enabled=progress)
         self.capture = Capture(path)
-        self.blocks: list[F.EventBlock] = []
+        self.events: EventColumns | None = None  # after the header
+        self.last: dict[str, np.ndarray] = {}  # the columns of the last events chunk
         self.frame_rows: list[tuple[int, int, int]] = []
         self.node_rows: list[tuple[int, int]] = []
 
     def run(self) -> Capture:
         self._header()
+        self.events = EventColumns(self.capture.version, self._declared_events(), self.engine)
         try:
             for kind, payload, offset in self._chunks():
                 try:
@@ -333,9 +339,8 @@ class _Decoder:
     def _chunk(self, kind: int, payload: memoryview) -> None:
         c = self.capture
         if kind == F.Chunk.EVENTS:
-            block = F.EventBlock(payload, self.capture.version)
-            self._check_references(block)
-            self.blocks.append(block)
+            assert self.events is not None
+            self.last = self.events.add(payload, self._check_references)
         elif kind == F.Chunk.STRINGS:
             count, pos = F.table_entries(payload, len(c.strings))
             for _ in range(count):
@@ -401,62 +406,69 @@ class _Decoder:
         """Whether the last events block holds the start of step through_step + 2."""
         if self.through_step is None:
             return False
-        block = self.blocks[-1]
-        phases = (block.kind & F.KIND_MASK) == EventKind.PHASE
-        if not phases.any() or int(block.addr[phases].max()) <= self.through_step + 1:
+        kind, addr = self.last["kind"], self.last["addr"]
+        phases = (kind & F.KIND_MASK) == EventKind.PHASE
+        if not phases.any() or int(addr[phases].max()) <= self.through_step + 1:
             return False
-        self.capture.read_until_step = int(block.addr[phases].max())
+        self.capture.read_until_step = int(addr[phases].max())
         return True
 
     def _find_footer(self, pos: int) -> None:
-        """Walks the chunk headers after a partial read, without decoding or
-        checking the event chunks it skips, to the baselines and the footer
-        (recording stopped cleanly, and how many events the file holds). A
-        damaged chunk or a file that ends early leaves what follows unknown."""
-        end = len(self.data)
+        """After a partial read: the baselines taken when recording stopped
+        (the allocator's end state, device readings, read as a whole read
+        would) and the footer (recording stopped cleanly, and how many
+        events the file holds). What follows a damaged chunk stays unknown."""
         skipped = False
-        while pos + F.CHUNK_HEADER.size <= end:
-            kind, zero1, zero2, length, crc = F.CHUNK_HEADER.unpack_from(self.data, pos)
-            start = pos + F.CHUNK_HEADER.size
-            if zero1 or zero2 or length > F.MAX_CHUNK or start + length > end:
-                return
+        for kind, at, length, crc in F.chunk_headers(self.data, pos):
             skipped |= kind == F.Chunk.EVENTS
-            # The baselines taken when recording stopped (the allocator's end
-            # state, device readings) are read as a whole read would.
-            if kind in (F.Chunk.FOOTER, F.Chunk.BASELINE):
-                payload = self.data[start:start + length]
-                head = zlib.crc32(self.data[pos + 4:pos + 8], zlib.crc32(self.data[pos:pos + 1]))
-                try:
-                    if zlib.crc32(payload, head) != crc:
-                        return
-                    self._chunk(kind, payload)
-                except ValueError:  # FormatError: what follows a damaged chunk stays unknown
+            if kind not in (F.Chunk.FOOTER, F.Chunk.BASELINE):
+                continue
+            payload = self.data[at + F.CHUNK_HEADER.size:at + F.CHUNK_HEADER.size + length]
+            head = zlib.crc32(self.data[at + 4:at + 8], zlib.crc32(self.data[at:at + 1]))
+            try:
+                if zlib.crc32(payload, head) != crc:
                     return
-                if kind == F.Chunk.FOOTER:
-                    events = self.capture.footer.get("events") if self.capture.footer else None
-                    if not skipped:  # the read stopped in the last events: it read them all
-                        self.capture.read_until_step = None
-                    elif isinstance(events, int):
-                        self.capture.events_in_file = events
-                    return
-            pos = start + length
+                self._chunk(kind, payload)
+            except ValueError:  # FormatError
+                return
+            if kind == F.Chunk.FOOTER:
+                events = self.capture.footer.get("events") if self.capture.footer else None
+                if not skipped:  # the read stopped in the last events: it read them all
+                    self.capture.read_until_step = None
+                elif isinstance(events, int):
+                    self.capture.events_in_file = events
+                return
 
     @staticmethod
     def _end(payload: memoryview, pos: int) -> None:
         if pos != len(payload):
             raise FormatError("bytes left at the end of a table chunk")
 
-    def _check_references(self, block: F.EventBlock) -> None:
+    def _declared_events(self) -> int:
+        """The events the file's chunks say they hold (each EVENTS payload
+        starts with its count); the decoding says what is wrong, if anything."""
+        total = 0
+        for kind, at, length, _ in F.chunk_headers(self.data, F.HEADER.size):
+            if kind == F.Chunk.EVENTS:
+                start = at + F.CHUNK_HEADER.size
+                try:
+                    count, _ = F.read_varint(self.data[start:start + length], 0)
+                except FormatError:
+                    break
+                total += min(count, length)  # a valid chunk holds at most one event per byte
+        return total
+
+    def _check_references(self, cols: dict[str, np.ndarray]) -> None:
         # Writers put every table entry before its first use, so a reference
         # beyond the tables read so far means a damaged or forged file.
         # Before any table chunk, the reserved entries stand in (the root stack,
         # the overflow thread, no-device and CPU streams).
         c = self.capture
-        if max(int(block.stack.max()), int(block.op.max())) >= (len(self.node_rows) or 1):
+        if max(int(cols["stack"].max()), int(cols["op"].max())) >= (len(self.node_rows) or 1):
             raise FormatError("event names a stack not yet defined")
-        if int(block.thread.max()) >= (len(c.threads) or 1):
+        if int(cols["thread"].max()) >= (len(c.threads) or 1):
             raise FormatError("event names a thread not yet defined")
-        if int(block.stream.max()) >= (len(c.streams) or 2):
+        if int(cols["stream"].max()) >= (len(c.streams) or 2):
             raise FormatError("event names a stream not yet defined")
 
     def _finish(self) -> None:
@@ -467,17 +479,16 @@ class _Decoder:
             c.frame_line = rows[:, 2].astype(np.int32)
         nodes = np.array(self.node_rows or [(0, 0)], np.int64).reshape(-1, 2)
         c.stack_parent, c.stack_frame = nodes[:, 0].astype(np.uint32), nodes[:, 1].astype(np.uint32)
-        if not self.blocks:
+        if self.events is None or not len(self.events):
             return
-        cat = lambda name: np.concatenate([getattr(b, name) for b in self.blocks])  # noqa: E731
-        seq = np.concatenate([np.arange(b.first_seq, b.first_seq + len(b.kind), dtype=np.uint64) for b in self.blocks])
-        raw_kind = cat("kind")
-        stream = cat("stream")
+        cols = self.events.columns()
+        raw_kind = cols["kind"]
+        stream = cols["stream"]
         stream_device = np.array([s.device for s in c.streams] or [-2, -1], np.int16)
         c.events = Events(
-            seq=seq, time_ns=cat("time"), kind=raw_kind & F.KIND_MASK,
-            via_allocator=(raw_kind & F.VIA_ALLOCATOR) != 0, thread=cat("thread"), stream=stream,
-            device=stream_device[stream], addr=cat("addr"), size=cat("size"), block=cat("block"),
-            stack=cat("stack"), arg=cat("arg"), op=cat("op"))
+            seq=cols["seq"], time_ns=cols["time"], kind=raw_kind & F.KIND_MASK,
+            via_allocator=(raw_kind & F.VIA_ALLOCATOR) != 0, thread=cols["thread"], stream=stream,
+            device=stream_device[stream], addr=cols["addr"], size=cols["size"], block=cols["block"],
+            stack=cols["stack"], arg=cols["arg"], op=cols["op"])
         if c.footer is not None and c.footer.get("dropped", 0):
             c.warnings.append(f"{c.footer['dropped']} events were lost to write errors while recording")

@@ -18,7 +18,7 @@ PKG = ROOT / "python" / "allocscope"
 # Which group each module belongs to, by the longest matching prefix.
 GROUPS = {
     "allocscope._format": "foundation", "allocscope._units": "foundation", "allocscope._progress": "foundation",
-    "allocscope._native": "foundation", "allocscope._torch_hook": "foundation", "allocscope._version": "foundation",
+    "allocscope._native": "foundation", "allocscope._decode": "foundation", "allocscope._torch_hook": "foundation", "allocscope._version": "foundation",
     "allocscope._bootstrap": "foundation", "allocscope._C": "foundation", "allocscope._analysis": "foundation",
     "allocscope.reader": "capture", "allocscope.writer": "capture", "allocscope.stacks": "capture",
     "allocscope.allocator": "allocator",

@@ -1,0 +1,83 @@
+"""The events of a capture as its EVENTS chunks are decoded, in file order.
+
+Two engines behind one interface (reader.py uses it): the native decoder
+(allocscope._analysis.decode_events, csrc/decode.cpp) writes each chunk
+straight into columns allocated once for the whole file; the reference
+(_format.EventBlock, numpy) decodes each chunk into its own arrays and joins
+them at the end. tests/unit/test_native_decode.py holds them to the same
+columns and the same refusals.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from . import _format as F
+from ._format import FormatError
+from ._native import analysis_for
+
+__all__ = ["EventColumns"]
+
+# Column dtypes as loaded (kind keeps its flag bits until reader.py splits them).
+DTYPES = {"kind": np.uint8, "time": np.int64, "thread": np.uint16, "stream": np.uint16, "addr": np.uint64,
+          "size": np.uint64, "block": np.uint64, "stack": np.uint32, "arg": np.uint64, "op": np.uint32}
+
+
+class EventColumns:
+    """add() one EVENTS payload after another; columns() the joined result.
+
+    capacity: events the file's chunks declare (the native engine allocates
+    that many rows up front; pages never written cost no memory)."""
+
+    def __init__(self, version: int, capacity: int, engine: str = "auto"):
+        self.version = version
+        self._native = analysis_for(engine, "numpy")
+        self._rows = 0
+        self._seq: list[tuple[int, int]] = []  # (first_seq, count) per chunk
+        self._blocks: list[F.EventBlock] = []
+        self._cols: dict[str, np.ndarray] = {}
+        if self._native is not None:
+            self._cols = {name: np.empty(capacity, dtype) for name, dtype in DTYPES.items()}
+
+    def __len__(self) -> int:
+        return self._rows
+
+    def add(self, payload: memoryview, check: Callable[[dict[str, np.ndarray]], None] | None = None
+            ) -> dict[str, np.ndarray]:
+        """Decodes one EVENTS payload; returns its columns (views). The
+        chunk's rows count only once check(columns) (if given) has not
+        raised. FormatError where the payload does not follow the format."""
+        if self._native is None:
+            block = F.EventBlock(payload, self.version)
+            count, first = len(block.kind), block.first_seq
+            cols = {name: getattr(block, name) for name in DTYPES}
+        else:
+            try:
+                count, first = self._native.decode_events(payload, self.version, self._cols, self._rows)
+            except ValueError as e:  # _analysis.FormatError, or a payload the binding cannot take
+                raise FormatError(str(e)) from None
+            cols = {name: column[self._rows:self._rows + count] for name, column in self._cols.items()}
+        if check is not None:
+            check(cols)
+        if self._native is None:
+            self._blocks.append(block)
+        self._seq.append((first, count))
+        self._rows += count
+        return cols
+
+    def columns(self) -> dict[str, Any]:
+        """All rows decoded so far, one array per column, with `seq`."""
+        if self._native is None:
+            cols = {name: np.concatenate([getattr(b, name) for b in self._blocks]) if self._blocks
+                    else np.zeros(0, dtype) for name, dtype in DTYPES.items()}
+        else:
+            cols = {name: column[:self._rows] for name, column in self._cols.items()}
+        seq = np.empty(self._rows, np.uint64)
+        at = 0
+        for first, count in self._seq:
+            seq[at:at + count] = np.arange(first, first + count, dtype=np.uint64)
+            at += count
+        cols["seq"] = seq
+        return cols
