@@ -7,6 +7,8 @@ ResNet-style CNN. Modes, interleaved over rounds (median reported):
   allocscope-noops  allocscope, Python stacks, no op recording (ops=False)
   allocscope-python allocscope, Python stacks and ops (the default)
   allocscope-watch  allocscope, Python stacks, ops, and rec.watch(model, optimizer)
+  allocscope-watch-noops  the same without op recording (backward scopes from
+                    Python hooks on autograd nodes instead of the op callback)
   torch-history     torch.cuda.memory._record_memory_history(stacks="python") (CUDA only)
 Also compares file sizes: an allocscope capture of the measured steps against
 torch's _dump_snapshot pickle of the same steps.
@@ -123,8 +125,9 @@ def timed(mode, model, opt, make_input, loss_fn, steps, device, path, snapshot_p
             torch.cuda.memory._record_memory_history(enabled=None)
         return t, None
     stacks = "none" if mode == "allocscope-none" else "python"
-    with allocscope.record(path, device=device, stacks=stacks, ops=mode != "allocscope-noops") as rec:
-        if mode == "allocscope-watch":
+    ops = mode not in ("allocscope-noops", "allocscope-watch-noops")
+    with allocscope.record(path, device=device, stacks=stacks, ops=ops) as rec:
+        if mode.startswith("allocscope-watch"):
             rec.watch(model, opt)
         t = run_steps(model, opt, make_input, loss_fn, steps, device)
     return t, rec.summary
@@ -143,7 +146,8 @@ def main():
     torch.manual_seed(0)
     tmp = tempfile.mkdtemp()
     path = os.path.join(tmp, "step.alsc")
-    modes = ["off", "allocscope-none", "allocscope-noops", "allocscope-python", "allocscope-watch"]
+    modes = ["off", "allocscope-none", "allocscope-noops", "allocscope-python", "allocscope-watch",
+             "allocscope-watch-noops"]
     modes += ["torch-history"] if args.device == "cuda" else []
     results = {}
     for name, (model, make_input, loss_fn, config) in workloads(args.device, args.small).items():
@@ -175,6 +179,8 @@ def main():
             "allocations_per_step": round(cap.events.counts().get("alloc", 0) / args.steps, 1),
             "watch_annotations_per_step": round(annotations / args.steps, 1),
             "watch_over_recording_pct": round(100 * (med["allocscope-watch"] / med["allocscope-python"] - 1), 2),
+            "watch_over_recording_noops_pct": round(
+                100 * (med["allocscope-watch-noops"] / med["allocscope-noops"] - 1), 2),
             "ops_over_stacks_pct": round(100 * (med["allocscope-python"] / med["allocscope-noops"] - 1), 2),
             "files": sizes,
         }
