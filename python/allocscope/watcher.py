@@ -219,6 +219,7 @@ class Watch:
         self._param_storages: set[int] = set()
         self._saved_this_forward: set[int] = set()
         self._state_seen: dict[tuple[int, str], int] = {}
+        self._state_fingerprints: dict[int, tuple[int, ...]] = {}  # id(optimizer) -> its state's tensor ids
         self._removed = False
         self._device_types = frozenset(device_types)
         self._record_cuda, self._record_cpu = "cuda" in self._device_types, "cpu" in self._device_types
@@ -447,8 +448,23 @@ class Watch:
         _Process.set_phase("optimizer")
 
     def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._label_optimizer_state(optimizer)
+        _Process.iteration += 1
+        _Process.set_phase("other", force=True)  # the counter moved even if the phase did not
+
+    def _label_optimizer_state(self, optimizer: Any) -> None:
         import torch
 
+        # Optimizers make their state at the first step and update it in
+        # place: the same tensor objects as after the last step mean nothing
+        # to label (a look at each tensor's storage costs ~3 us, the ids ~0.1).
+        # New objects (lazily made state, load_state_dict) are looked at.
+        # Were a tensor replaced unseen, its memory would still be
+        # optimizer_state by the phase rule, without its parameter's name.
+        fingerprint = tuple(id(v) for st in optimizer.state.values() for v in st.values())
+        if self._state_fingerprints.get(id(optimizer)) == fingerprint:
+            return
+        self._state_fingerprints[id(optimizer)] = fingerprint
         for group in optimizer.param_groups:
             for p in group["params"]:
                 state = optimizer.state.get(p)
@@ -463,5 +479,3 @@ class Watch:
                         continue
                     self._state_seen[(id(p), key)] = s[0]
                     self._emit(EventKind.OPTIMIZER_STATE, f"{pname}/{key}", *s)
-        _Process.iteration += 1
-        _Process.set_phase("other", force=True)  # the counter moved even if the phase did not

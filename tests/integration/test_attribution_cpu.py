@@ -321,3 +321,46 @@ def test_two_watched_modules_share_one_sequence_of_phases(tmp_path):
     ev = cap.events
     inputs = np.flatnonzero(ev.kind == allocscope.EventKind.INPUT)
     assert [cap.label(i) for i in inputs] == ["Linear.input[0]", "Linear.input[0]"]
+
+
+class ReplacingSGD(torch.optim.Optimizer):
+    """Momentum SGD that makes a new momentum tensor every step (as some
+    hand-written optimizers do) instead of updating it in place."""
+
+    def __init__(self, params):
+        super().__init__(params, {"lr": 0.01})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    buf = self.state[p].get("buf")
+                    self.state[p]["buf"] = p.grad.clone() if buf is None else buf * 0.9 + p.grad
+                    p.add_(self.state[p]["buf"], alpha=-group["lr"])
+
+
+def test_optimizer_state_made_anew_each_step_is_named_each_step(tmp_path):
+    torch.manual_seed(0)
+    model = ConvNet()
+    opt = ReplacingSGD(model.parameters())
+    path = tmp_path / "replacing.alsc"
+    with allocscope.record(path, device="cpu") as rec:
+        rec.watch(model, opt)
+        for step in range(3):
+            model(torch.randn(4, 3, 16, 16)).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+            if step == 1:  # a reload replaces every state tensor too
+                opt.load_state_dict(opt.state_dict())
+            allocscope.mark(f"step {step}")
+    cap = allocscope.load(path)
+    att = attribute(cap)
+    for step in range(3):
+        live = att.live(find_mark(cap, f"step {step}"))
+        rows = np.flatnonzero(live & (att.category == 3))  # optimizer_state
+        assert len(rows) == len(list(model.parameters()))
+        # each named after its parameter: labelled, not left to the phase rule
+        assert all(att.name(int(att.label[r])).endswith("/buf") for r in rows), step
+    labels = int((cap.events.kind == allocscope.EventKind.OPTIMIZER_STATE).sum())
+    assert labels == 3 * len(list(model.parameters()))  # after each step (the reload's are replaced unlabelled)
