@@ -2,7 +2,9 @@
 
 Times `torch.empty(16)` (one allocation and one free) in a loop, called from a
 stack of a given depth, with no recording, recording without stacks, and
-recording with Python stacks. Modes are interleaved over many short rounds.
+recording with Python stacks, each with op recording (the default: the op
+behind each allocation, and its RecordFunction callback on every op) and
+without it (the `-noops` modes). Modes are interleaved over many short rounds.
 Reported: the minimum over rounds (interference from a shared machine only
 adds time, so the minimum is the steadiest estimate) and the median.
 
@@ -36,7 +38,8 @@ def loop(n):
 def measure(mode, n, depth, path):
     if mode == "off":
         return nested(depth, lambda: loop(n))
-    with allocscope.record(path, device="cpu", stacks=mode):
+    stacks, _, noops = mode.partition("-")
+    with allocscope.record(path, device="cpu", stacks=stacks, ops=not noops):
         return nested(depth, lambda: loop(n))
 
 
@@ -49,7 +52,8 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(1)
     path = os.path.join(tempfile.mkdtemp(), "bench.alsc")
-    modes = ["off", "none", "python"]
+    modes = ["off", "none", "python", "none-noops", "python-noops"]
+    recorded = modes[1:]
     results = []
     for depth in args.depths:
         samples = {m: [] for m in modes}
@@ -62,9 +66,9 @@ def main():
         results.append({
             "stack_depth": depth,
             "ns_per_alloc_free_min": {m: round(v, 1) for m, v in low.items()},
-            "overhead_ns_min": {m: round(low[m] - low["off"], 1) for m in ("none", "python")},
+            "overhead_ns_min": {m: round(low[m] - low["off"], 1) for m in recorded},
             "ns_per_alloc_free_median": {m: round(v, 1) for m, v in med.items()},
-            "overhead_ns_median": {m: round(med[m] - med["off"], 1) for m in ("none", "python")},
+            "overhead_ns_median": {m: round(med[m] - med["off"], 1) for m in recorded},
         })
     cap = allocscope.load(path)
     report = {
