@@ -28,8 +28,9 @@ DTYPES = {"kind": np.uint8, "time": np.int64, "thread": np.uint16, "stream": np.
 class EventColumns:
     """add() one EVENTS payload after another; columns() the joined result.
 
-    capacity: events the file's chunks declare (the native engine allocates
-    that many rows up front; pages never written cost no memory)."""
+    capacity: the events expected (the native engine allocates that many
+    rows up front, and doubles them when a chunk needs more; pages never
+    written cost no memory)."""
 
     def __init__(self, version: int, capacity: int, engine: str = "auto"):
         self.version = version
@@ -54,6 +55,7 @@ class EventColumns:
             count, first = len(block.kind), block.first_seq
             cols = {name: getattr(block, name) for name in DTYPES}
         else:
+            self._reserve(payload)
             try:
                 count, first = self._native.decode_events(payload, self.version, self._cols, self._rows)
             except ValueError as e:  # _analysis.FormatError, or a payload the binding cannot take
@@ -66,6 +68,21 @@ class EventColumns:
         self._seq.append((first, count))
         self._rows += count
         return cols
+
+    def _reserve(self, payload: memoryview) -> None:
+        """Room for the payload's events (its count, at most one per byte),
+        doubling the columns where the capacity given was short."""
+        try:
+            count = min(F.read_varint(payload, 0)[0], len(payload))
+        except FormatError:
+            return  # the decoder refuses the payload
+        need = self._rows + count
+        if need > len(self._cols["kind"]):
+            grown = max(need, 2 * len(self._cols["kind"]))
+            for name, column in self._cols.items():
+                wider = np.empty(grown, column.dtype)
+                wider[:self._rows] = column[:self._rows]
+                self._cols[name] = wider
 
     def columns(self) -> dict[str, Any]:
         """All rows decoded so far, one array per column, with `seq`."""

@@ -270,7 +270,10 @@ class _Decoder:
 
     def run(self) -> Capture:
         self._header()
-        self.events = EventColumns(self.capture.version, self._declared_events(), self.engine)
+        # A whole read sizes the columns from the chunk headers first; a
+        # partial one reads no header it does not need, and grows them.
+        expected = self._declared_events() if self.through_step is None else 0
+        self.events = EventColumns(self.capture.version, expected, self.engine)
         try:
             for kind, payload, offset in self._chunks():
                 try:
