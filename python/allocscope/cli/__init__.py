@@ -10,9 +10,9 @@ import argparse
 import sys
 from typing import Sequence
 
-from . import diff, dump, export, html, import_, info, report, run, simulate
+from . import diff, dump, export, fit, html, import_, info, report, run, simulate
 
-COMMANDS = [run, info, dump, report, html, diff, simulate, import_, export]
+COMMANDS = [run, fit, info, dump, report, html, diff, simulate, import_, export]
 
 _USER_ERRORS: tuple[type[BaseException], ...] = (OSError, ValueError)
 

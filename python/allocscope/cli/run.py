@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import glob
 import os
-import signal
-import subprocess
 import sys
+
+from ._child import command_of, outputs, wait_for
 
 NAME = "run"
 HELP = "record a command (a Python script, torchrun, ...) into a capture file, on a GPU or a virtual one"
@@ -49,17 +48,6 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
                         help="the command to run, after --")
 
 
-def _command(args: argparse.Namespace) -> list[str]:
-    cmd = list(args.command)
-    if cmd and cmd[0] == "--":
-        cmd = cmd[1:]
-    if not cmd:
-        raise ValueError("no command given: allocscope run -o FILE -- python script.py")
-    if cmd[0].endswith(".py") or cmd[0] == "-m":
-        cmd = [sys.executable, *cmd]
-    return cmd
-
-
 def _device(choice: str) -> str:
     if choice != "auto":
         return choice
@@ -68,12 +56,6 @@ def _device(choice: str) -> str:
     except ImportError:
         raise ValueError("torch cannot be imported here; allocscope run needs it") from None
     return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _outputs(path: str) -> list[str]:
-    stem, ext = os.path.splitext(path)
-    found = [path] if os.path.exists(path) else []
-    return found + sorted(glob.glob(f"{glob.escape(stem)}.rank*{ext}") + glob.glob(f"{glob.escape(stem)}.pid*{ext}"))
 
 
 def _list_gpus() -> int:
@@ -100,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--no-record writes no capture: leave out -o")
     if not args.no_record and not args.output:
         raise ValueError("give the capture file: allocscope run -o FILE -- python script.py")
-    cmd = _command(args)
+    cmd = command_of(args, "allocscope run -o FILE -- python script.py")
     env = dict(os.environ)
     if args.gpu:
         if args.device == "cpu":
@@ -109,33 +91,21 @@ def run(args: argparse.Namespace) -> int:
     output = ""
     if not args.no_record:
         output = os.path.abspath(args.output)
-        if _outputs(output):
+        if outputs(output):
             if not args.force:
                 raise ValueError(f"{args.output} exists; use --force to overwrite it")
-            for old in _outputs(output):
+            for old in outputs(output):
                 os.remove(old)
         device = "cuda" if args.gpu else _device(args.device)
         env = _autostart.child_environment(env, output, {"device": device, "stacks": args.stacks})
-    try:
-        child = subprocess.Popen(cmd, env=env)
-    except OSError as e:
-        raise ValueError(f"cannot run {cmd[0]}: {e.strerror}") from None
-    # The terminal sends Ctrl-C to the child too; let it finish its capture.
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    forward = lambda signum, frame: child.send_signal(signum)  # noqa: E731
-    previous_term = signal.signal(signal.SIGTERM, forward)
-    try:
-        status = child.wait()
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        signal.signal(signal.SIGTERM, previous_term)
+    status = wait_for(cmd, env)
     if not output:
-        return status if status >= 0 else 128 - status
-    written = _outputs(output)
+        return status
+    written = outputs(output)
     if written:
         for path in written:
             print(f"allocscope: wrote {os.path.relpath(path)}", file=sys.stderr)
     else:
         print(f"allocscope: no capture was written (did the command use torch{' on CUDA' if device == 'cuda' else ''}?)",
               file=sys.stderr)
-    return status if status >= 0 else 128 - status
+    return status

@@ -23,8 +23,8 @@ from ..reader import Capture
 from .allocator import allocator_section, oom_section
 from .text import shorten, table
 
-__all__ = ["SCHEMA", "Analysis", "MarkNotFound", "StepsNotFound", "analyse", "build_report", "find_mark", "render",
-           "step_window"]
+__all__ = ["SCHEMA", "Analysis", "MarkNotFound", "StepsNotFound", "analyse", "build_report", "find_mark", "oom_lines",
+           "render", "step_window"]
 
 SCHEMA = "allocscope.report/1"
 
@@ -253,7 +253,7 @@ def render(r: dict[str, Any], top: int = 10) -> str:
         if len(its) > top:
             lines.append(f"  ... {len(its) - top} more (--json for all)")
     lines += _allocator_lines(r.get("allocator"), top)
-    lines += _oom_lines(r.get("oom"), top)
+    lines += oom_lines(r.get("oom"), top)
     for w in r["warnings"]:
         lines.append(f"warning: {w}")
     return "\n".join(lines)
@@ -289,7 +289,8 @@ def _allocator_lines(a: dict[str, Any] | None, top: int) -> list[str]:
     return lines
 
 
-def _oom_lines(o: dict[str, Any] | None, top: int) -> list[str]:
+def oom_lines(o: dict[str, Any] | None, top: int) -> list[str]:
+    """The text of an OOM post-mortem (build_report's "oom"; none: no lines)."""
     if not o:
         return []
     req = o["request"]
@@ -309,9 +310,9 @@ def _oom_lines(o: dict[str, Any] | None, top: int) -> list[str]:
         lines.append("  cached but unusable for this request: " + ", ".join(
             f"{format_bytes(v)} {k.replace('_', ' ')}" for k, v in unusable.items()))
     filled = (o.get("filled_by") or {}).get("categories") or {}
-    if filled:
-        lines.append("  filled by: " + ", ".join(f"{c} {format_bytes(b)}" for c, b in
-                                                 sorted(filled.items(), key=lambda kv: -kv[1]) if b))
+    parts = [f"{c} {format_bytes(b)}" for c, b in sorted(filled.items(), key=lambda kv: -kv[1]) if b]
+    if parts:
+        lines.append("  filled by: " + ", ".join(parts))
     if o.get("shortfall") is not None:
         lines.append(f"  short by {format_bytes(o['shortfall'])}; empty_cache() would not have helped "
                      "(torch had released every unsplit cached block)")

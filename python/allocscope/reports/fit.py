@@ -1,0 +1,133 @@
+"""The `fit` document: one command run on several virtual cards (`allocscope
+fit`), and for each card whether it fits, its peaks, the room left, what
+filled memory at the peak and, where it ran out, the post-mortem
+(card_result, fit_document; schema FIT_SCHEMA, written down in
+docs/report.md), with its text rendering (render_fit).
+
+A card's verdict:
+  fits             the command exited with status 0 and no allocation failed;
+  out of memory    an allocation failed (an OOM event was recorded), whether
+                   or not the command caught the error;
+  failed           the command exited with another status and nothing ran out
+                   of memory: it failed for another reason, which says
+                   nothing about memory;
+  no capture       the command never used CUDA (nothing was recorded).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._format import EventKind
+from .._units import format_bytes
+from ..reader import Capture
+from .report import build_report, oom_lines
+from .text import table
+
+__all__ = ["FIT_SCHEMA", "card_result", "fit_document", "render_fit"]
+
+FIT_SCHEMA = "allocscope.fit/1"
+
+
+def _device(cap: Capture, label: str) -> dict[str, Any]:
+    base = cap.baseline(label) or {}
+    devices = base.get("devices") or [{}]
+    return devices[0] if isinstance(devices[0], dict) else {}
+
+
+def _outside_allocator(cap: Capture) -> int | None:
+    """Device memory used outside PyTorch's allocator (the CUDA context,
+    libraries): read at the end of recording (used minus reserved), else at
+    its start."""
+    for label in ("end", "start"):
+        dev = _device(cap, label)
+        segments = (cap.baseline(label) or {}).get("segments")
+        if "used" in dev and segments is not None:
+            return max(0, int(dev["used"]) - sum(int(s.get("total_size", 0)) for s in segments))
+    return None
+
+
+def card_result(gpu: str, status: int, cap: Capture | None, *, capture_path: str | None = None,
+                top: int = 5) -> dict[str, Any]:
+    """One card's entry of the fit document. status: the command's exit
+    status; cap: the capture of its (first) process, None if none was written."""
+    out: dict[str, Any] = {"gpu": gpu, "exit_status": status, "capture": capture_path}
+    if cap is None:
+        return out | {"verdict": "no capture"}
+    ooms = int((cap.events.kind == EventKind.OOM).sum())
+    out["verdict"] = "out of memory" if ooms else "fits" if status == 0 else "failed"
+    out["ooms"] = ooms
+    r = build_report(cap, top=top)
+    total = _device(cap, "start").get("total")
+    outside = _outside_allocator(cap)
+    peak_reserved = (r.get("peak_reserved") or {}).get("reserved_bytes")
+    out["total_bytes"] = total
+    out["peak_allocated_bytes"] = r["peak"]["allocated_bytes"]
+    out["peak_reserved_bytes"] = peak_reserved
+    out["outside_allocator_bytes"] = outside
+    # Room left at the peak where it fits; where it ran out, how much was missing.
+    out["headroom_bytes"] = (None if total is None or peak_reserved is None or outside is None or ooms
+                             else int(total) - peak_reserved - outside)
+    out["shortfall_bytes"] = (r.get("oom") or {}).get("shortfall")
+    focus = r.get("peak_reserved") or r["peak"]
+    out["peak"] = {
+        "event": focus["event"],
+        "by_category": {c: b for c, b in sorted(focus["by_category"].items(), key=lambda kv: -kv[1]) if b},
+        "by_module": dict(list(focus["by_module"].items())[:top]),
+        "sites": [{"site": s["site"], "live_bytes": s["live_bytes"]} for s in r["sites"][:top] if s["live_bytes"]],
+    }
+    out["watched"] = r["capture"]["watched"]
+    if "oom" in r:
+        out["oom"] = r["oom"]
+    out["warnings"] = r["warnings"]
+    return out
+
+
+def fit_document(command: list[str], cards: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"schema": FIT_SCHEMA, "command": list(command), "units": "bytes", "cards": cards,
+            "fits_everywhere": all(c["verdict"] == "fits" for c in cards)}
+
+
+def _size(n: int | None) -> str:
+    return "?" if n is None else format_bytes(n)
+
+
+def render_fit(doc: dict[str, Any], top: int = 5) -> str:
+    lines = [f"allocscope fit: {' '.join(doc['command'])}", ""]
+    rows = [("GPU", "verdict", "peak allocated", "peak reserved", "headroom", "card")]
+    for c in doc["cards"]:
+        verdict = c["verdict"] + (f" (exit {c['exit_status']})" if c["verdict"] == "failed" else "")
+        room = _size(c.get("headroom_bytes"))
+        if c.get("shortfall_bytes") is not None:
+            room = f"short by {format_bytes(c['shortfall_bytes'])}"
+        rows.append((c["gpu"], verdict, _size(c.get("peak_allocated_bytes")), _size(c.get("peak_reserved_bytes")),
+                     room, _size(c.get("total_bytes"))))
+    lines += table(rows, {2, 3, 4, 5})
+    for c in doc["cards"]:
+        if "peak" not in c:
+            continue
+        lines += ["", f"{c['gpu']}:"]
+        if c["peak"]["event"] < 0:
+            lines.append("  nothing was allocated")
+        else:
+            lines += _peak_lines(c, top)
+        if c["verdict"] == "failed":
+            lines.append(f"  the command failed (exit status {c['exit_status']}) without running out of memory: "
+                         "its verdict says nothing about memory")
+        lines += ["  " + line if line else line for line in oom_lines(c.get("oom"), top)]
+        if c.get("capture"):
+            lines.append(f"  capture: {c['capture']} (allocscope report / html / simulate)")
+    return "\n".join(lines)
+
+
+def _peak_lines(c: dict[str, Any], top: int) -> list[str]:
+    lines = [f"  at the peak of reserved memory (event {c['peak']['event']}):"]
+    if c["watched"]:
+        lines.append("    by category: " + ", ".join(f"{k} {format_bytes(v)}" for k, v in
+                                                      list(c["peak"]["by_category"].items())[:top]))
+        lines.append("    by module: " + ", ".join(f"{k} {format_bytes(v)}" for k, v in c["peak"]["by_module"].items()))
+    else:
+        lines.append("    no model was watched: categories and modules need rec.watch(model, optimizer)")
+    for s in c["peak"]["sites"]:
+        lines.append(f"    {format_bytes(s['live_bytes']):>11}  {s['site']}")
+    return lines

@@ -1,0 +1,104 @@
+"""allocscope fit: one command on several virtual cards. Its verdicts and
+peaks are those of torch's real allocator in the same runs (the script
+reports torch.cuda.max_memory_reserved()); a card too small comes with the
+post-mortem; a command that fails for another reason is not called out of
+memory; bad input is a one-line error."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import allocscope
+
+pytestmark = pytest.mark.skipif(not allocscope.vgpu.available(), reason="built without the virtual GPU")
+
+SCRIPT = """\
+import json, os, sys, torch
+gib = int(sys.argv[1])
+x = torch.empty(gib << 30, dtype=torch.uint8, device="cuda")
+y = torch.empty(1 << 20, device="cuda")
+if len(sys.argv) > 2:
+    raise SystemExit(sys.argv[2])
+with open(os.environ["FIT_TRUTH"], "a") as f:
+    f.write(json.dumps({"gpu": torch.cuda.get_device_name(), "max_reserved": torch.cuda.max_memory_reserved(),
+                        "max_allocated": torch.cuda.max_memory_allocated()}) + "\\n")
+"""
+
+
+def fit(tmp_path, *args):
+    env = dict(os.environ, FIT_TRUTH=str(tmp_path / "truth.jsonl"))
+    return subprocess.run([sys.executable, "-m", "allocscope", "fit", *args], capture_output=True, text=True,
+                          timeout=600, cwd=tmp_path, env=env)
+
+
+@pytest.fixture
+def script(tmp_path):
+    path = tmp_path / "big.py"
+    path.write_text(SCRIPT)
+    return str(path)
+
+
+def test_fits_on_one_card_and_not_on_another(tmp_path, script):
+    # 30 GiB: room on a 40 GB A100, none on a 24 GB L4
+    result = fit(tmp_path, "--gpu", "A100-40GB", "--gpu", "L4-24GB", "--json", "--", script, "30")
+    assert result.returncode == 1, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["schema"] == "allocscope.fit/1" and not doc["fits_everywhere"]
+    a100, l4 = doc["cards"]
+    truth = [json.loads(line) for line in (tmp_path / "truth.jsonl").read_text().splitlines()]
+    assert len(truth) == 1 and "A100" in truth[0]["gpu"]  # the L4 run died at its first allocation
+    assert a100["verdict"] == "fits" and a100["exit_status"] == 0 and a100["ooms"] == 0
+    assert a100["peak_reserved_bytes"] == truth[0]["max_reserved"]
+    assert a100["peak_allocated_bytes"] == truth[0]["max_allocated"]
+    assert a100["headroom_bytes"] == a100["total_bytes"] - a100["peak_reserved_bytes"] - a100["outside_allocator_bytes"]
+    assert 0 < a100["headroom_bytes"] < 10 << 30
+    assert a100["peak"]["sites"][0]["site"].startswith(f"{script}:3")
+    assert l4["verdict"] == "out of memory" and l4["exit_status"] == 1 and l4["headroom_bytes"] is None
+    assert l4["oom"]["request"]["size"] == 30 << 30
+    assert l4["shortfall_bytes"] == l4["oom"]["shortfall"] > 0
+    # the captures are kept for report / html / simulate
+    for card in doc["cards"]:
+        cap = allocscope.load(tmp_path / card["capture"])
+        assert cap.metadata["virtual_gpu"]["spec"] == card["gpu"]
+
+
+def test_the_text_shows_each_verdict_and_the_post_mortem(tmp_path, script):
+    result = fit(tmp_path, "--gpu", "T4-16GB", "--gpu", "H100-80GB", "--", script, "20")
+    assert result.returncode == 1, result.stderr
+    out = result.stdout
+    assert "T4-16GB    out of memory" in out and "H100-80GB  fits" in out
+    assert "Out of memory at event" in out and "requested 20.00 GiB" in out and "short by" in out
+    # every card fits: status 0
+    assert fit(tmp_path, "-f", "--gpu", "H100-80GB", "--", script, "1").returncode == 0
+
+
+def test_a_command_that_fails_otherwise_is_not_out_of_memory(tmp_path, script):
+    result = fit(tmp_path, "--gpu", "L4-24GB", "--json", "--", script, "1", "boom")
+    assert result.returncode == 1
+    card = json.loads(result.stdout)["cards"][0]
+    assert card["verdict"] == "failed" and card["exit_status"] == 1 and card["ooms"] == 0
+    assert card["peak_reserved_bytes"] >= 1 << 30 and "oom" not in card
+    text = fit(tmp_path, "-f", "--gpu", "L4-24GB", "--", script, "1", "boom").stdout
+    assert "failed (exit 1)" in text and "says nothing about memory" in text
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--gpu", "B200-999GB", "--", "x.py"], "unknown GPU 'B200-999GB'"),
+    (["--gpu", "L4-24GB"], "no command given"),
+    (["--gpu", "L4-24GB", "--top", "0", "--", "x.py"], "--top must be at least 1"),
+])
+def test_bad_input_is_a_one_line_error(tmp_path, args, message):
+    result = fit(tmp_path, *args)
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "allocscope-fit").exists() or not os.listdir(tmp_path / "allocscope-fit")
+
+
+def test_existing_captures_need_force(tmp_path, script):
+    (tmp_path / "allocscope-fit").mkdir()
+    (tmp_path / "allocscope-fit" / "L4-24GB.alsc").write_bytes(b"old")
+    result = fit(tmp_path, "--gpu", "L4-24GB", "--", script, "1")
+    assert result.returncode == 2 and "use --force" in result.stderr
+    assert (tmp_path / "allocscope-fit" / "L4-24GB.alsc").read_bytes() == b"old"
