@@ -3,10 +3,11 @@ JSON-ready dict with a versioned schema, and its text or HTML rendering.
 
 report: the peak (or a mark) explained (build_report, render). allocator:
 the report's allocator and OOM sections. simulate: the `simulate`
-document. fit: `fit`'s verdicts per card. diff: two captures compared. info: what a capture holds. events:
-the rows `dump` prints. views: the HTML report's reduced data. html: the
-HTML pages. text: table helpers of the text renderings. (The exports'
-documents are interop's to_snapshot and to_trace_events.)
+document. fit: `fit`'s verdicts per card. diff: two captures compared.
+info: what a capture holds. events: the rows `dump` prints. views: the HTML
+report's reduced data. html: the HTML pages. text: table helpers of the
+text renderings. (The exports' documents are interop's to_snapshot and
+to_trace_events.)
 """
 
 from .diff import diff
