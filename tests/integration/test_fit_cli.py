@@ -102,3 +102,47 @@ def test_existing_captures_need_force(tmp_path, script):
     result = fit(tmp_path, "--gpu", "L4-24GB", "--", script, "1")
     assert result.returncode == 2 and "use --force" in result.stderr
     assert (tmp_path / "allocscope-fit" / "L4-24GB.alsc").read_bytes() == b"old"
+
+
+def test_search_finds_the_largest_value_that_fits_in_fewer_runs(tmp_path, script):
+    # The truth, value by value, from the allocator itself (no recording).
+    values = range(18, 25)
+    truth = {}
+    for v in values:
+        r = subprocess.run([sys.executable, "-m", "allocscope", "run", "--gpu", "L4-24GB", "--no-record", "--",
+                            script, str(v)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                           env=dict(os.environ, FIT_TRUTH=str(tmp_path / "t.jsonl")))
+        truth[v] = r.returncode == 0
+    assert truth[18] and not truth[24]  # the boundary lies inside the range
+    expected = max(v for v, ok in truth.items() if ok)
+    assert all(truth[v] == (v <= expected) for v in values)
+    # the value through the placeholder
+    result = fit(tmp_path, "--gpu", "L4-24GB", "--search", f"GIB={values[0]}..{values[-1]}", "--json", "--",
+                 script, "{GIB}")
+    assert result.returncode == 0, result.stderr
+    card = json.loads(result.stdout)["cards"][0]
+    assert card["largest"] == expected and card["runs"] < len(values)
+    assert card["at_largest"]["verdict"] == "fits" and card["at_largest"]["value"] == expected
+    assert card["at_next"]["verdict"] == "out of memory" and card["at_next"]["value"] == expected + 1
+    assert card["at_largest"]["peak_reserved_bytes"] >= expected << 30
+    assert os.path.exists(tmp_path / card["at_largest"]["capture"])
+    # the value through the environment: the same answer
+    env_script = tmp_path / "env_big.py"
+    env_script.write_text("import os, sys\nsys.argv[1:] = [os.environ['GIB']]\n" + SCRIPT)
+    result = fit(tmp_path, "-f", "--gpu", "L4-24GB", "--search", f"GIB={values[0]}..{values[-1]}", "--json", "--",
+                 str(env_script))
+    assert json.loads(result.stdout)["cards"][0]["largest"] == expected
+
+
+def test_a_search_stops_where_the_command_fails_otherwise(tmp_path, script):
+    result = fit(tmp_path, "--gpu", "L4-24GB", "--search", "GIB=1..4", "--", script, "{GIB}", "boom")
+    assert result.returncode == 2 and "failed (exit status 1) without running out of memory" in result.stderr
+    assert "Traceback (most recent call last)" not in result.stderr.split("allocscope fit: error:")[-1]
+
+
+@pytest.mark.parametrize("spec,message", [("BATCH", "is not NAME=LOW..HIGH"), ("BATCH=1-4", "is not NAME=LOW..HIGH"),
+                                          ("BATCH=a..4", "must be integers"), ("BATCH=9..4", "must not be above"),
+                                          ("1X=1..2", "is not NAME=LOW..HIGH")])
+def test_a_malformed_range_is_a_one_line_error(tmp_path, spec, message):
+    result = fit(tmp_path, "--gpu", "L4-24GB", "--search", spec, "--", "x.py")
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr

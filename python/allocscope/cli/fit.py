@@ -4,9 +4,12 @@ virtual card, and a verdict with the peaks for each."""
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
+import re
 import sys
+from typing import Any
 
 from ._child import command_of, outputs, wait_for
 
@@ -24,12 +27,22 @@ post-mortem. A command that fails for another reason is reported as such,
 not as out of memory. The captures are kept in --output-dir (one per card),
 for `allocscope report`, `html` and `simulate`.
 
-Exit status: 0 when the command fits on every card, 1 otherwise.
---json prints the document instead (schema: docs/report.md, "fit").
+With --search NAME=LOW..HIGH, finds on each card the largest value of an
+integer parameter (batch size, sequence length, layers, ...) at which the
+command fits, by bisection: about log2(HIGH - LOW) runs, taking a value that
+fits to fit below it too. The value reaches the command through {NAME} in
+its arguments and the environment variable NAME. It reports the largest
+value with its peak and headroom, and the next value with its peak and
+shortfall. A run that fails for another reason stops the search.
+
+Exit status: 0 when the command fits on every card (with --search: some
+value fits on every card), 1 otherwise. --json prints the document instead
+(schema: docs/report.md, "fit").
 
 examples:
   allocscope fit --gpu A100-40GB --gpu L4-24GB -- python train.py --steps 2
   allocscope fit --gpu T4-16GB --json -- train.py --batch-size 64
+  allocscope fit --gpu A100-40GB --search BATCH=1..1024 -- python train.py --batch-size {BATCH}
   allocscope run --gpu list                         (the models)
 """
 
@@ -44,17 +57,70 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
                         help="record each allocation's Python stack (default) or not")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.add_argument("--top", type=int, default=5, metavar="N", help="rows in each breakdown (default 5)")
+    parser.add_argument("--search", metavar="NAME=LOW..HIGH", type=_search_range,
+                        help="find the largest value of NAME in LOW..HIGH that fits ({NAME} in the command, "
+                             "and the environment variable NAME)")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND",
                         help="the command to run, after --")
 
 
-def _capture_path(directory: str, gpu: str) -> str:
-    return os.path.join(directory, f"{gpu}.alsc")
+def _search_range(text: str) -> tuple[str, int, int]:
+    name, sep, span = text.partition("=")
+    low, dots, high = span.partition("..")
+    if not sep or not dots or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=LOW..HIGH (e.g. BATCH=1..1024)")
+    try:
+        a, b = int(low), int(high)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: LOW and HIGH must be integers") from None
+    if a > b:
+        raise argparse.ArgumentTypeError(f"{text!r}: LOW must not be above HIGH")
+    return name, a, b
+
+
+class _Runs:
+    """Runs the command on one virtual card (at one value of the searched
+    parameter) and makes its card_result; captures in `directory`."""
+
+    def __init__(self, args: argparse.Namespace, cmd: list[str]):
+        self.cmd, self.stacks, self.top = cmd, args.stacks, args.top
+        self.search = args.search
+        self.directory = os.path.abspath(args.output_dir)
+
+    def path(self, gpu: str, value: int | None = None) -> str:
+        suffix = "" if value is None else f".{self.search[0]}={value}"
+        return os.path.join(self.directory, f"{gpu}{suffix}.alsc")
+
+    def existing(self, gpu: str) -> list[str]:
+        found = outputs(self.path(gpu))
+        if self.search:
+            found += glob.glob(os.path.join(glob.escape(self.directory), f"{glob.escape(gpu)}.{self.search[0]}=*.alsc"))
+        return found
+
+    def run(self, gpu: str, value: int | None = None) -> dict[str, Any]:
+        from .. import _autostart, load, vgpu
+        from ..reports.fit import card_result
+
+        path = self.path(gpu, value)
+        cmd, env = self.cmd, vgpu.environment(gpu)
+        if value is not None:
+            name = self.search[0]
+            cmd = [a.replace("{" + name + "}", str(value)) for a in cmd]
+            env[name] = str(value)
+        where = f"a virtual {gpu}" + ("" if value is None else f" with {self.search[0]}={value}")
+        print(f"allocscope fit: running on {where}", file=sys.stderr)
+        status = wait_for(cmd, _autostart.child_environment(env, path, {"device": "cuda", "stacks": self.stacks}))
+        written = outputs(path)
+        cap = load(written[0], salvage=True) if written else None
+        card = card_result(gpu, status, cap, capture_path=os.path.relpath(written[0]) if written else None,
+                           top=self.top)
+        return card if value is None else {"value": value, **card}
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import _autostart, load, vgpu
-    from ..reports.fit import card_result, fit_document, render_fit
+    from .. import vgpu
+    from ..reports.fit import (SearchFailed, fit_document, render_fit, render_search, search_document,
+                               search_largest)
 
     if args.top < 1:
         raise ValueError("--top must be at least 1")
@@ -62,23 +128,23 @@ def run(args: argparse.Namespace) -> int:
     gpus = list(dict.fromkeys(args.gpu))
     for gpu in gpus:  # every card and output checked before the first run
         vgpu.environment(gpu)
-    directory = os.path.abspath(args.output_dir)
-    os.makedirs(directory, exist_ok=True)
-    existing = [p for gpu in gpus for p in outputs(_capture_path(directory, gpu))]
+    runs = _Runs(args, cmd)
+    os.makedirs(runs.directory, exist_ok=True)
+    existing = [p for gpu in gpus for p in runs.existing(gpu)]
     if existing and not args.force:
         raise ValueError(f"{os.path.relpath(existing[0])} exists; use --force to overwrite it")
     for path in existing:
         os.remove(path)
-    cards = []
-    for gpu in gpus:
-        path = _capture_path(directory, gpu)
-        print(f"allocscope fit: running on a virtual {gpu}", file=sys.stderr)
-        env = _autostart.child_environment(vgpu.environment(gpu), path, {"device": "cuda", "stacks": args.stacks})
-        status = wait_for(cmd, env)
-        written = outputs(path)
-        cap = load(written[0], salvage=True) if written else None
-        cards.append(card_result(gpu, status, cap, capture_path=os.path.relpath(written[0]) if written else None,
-                                 top=args.top))
-    doc = fit_document(cmd, cards)
-    print(json.dumps(doc, indent=1) if args.json else render_fit(doc, args.top))
+    if args.search:
+        name, low, high = args.search
+        try:
+            found = [{"gpu": gpu, **search_largest(low, high, lambda v, gpu=gpu: runs.run(gpu, v))} for gpu in gpus]
+        except SearchFailed as e:
+            raise ValueError(str(e)) from None
+        doc = search_document(cmd, name, low, high, found)
+        text = render_search(doc)
+    else:
+        doc = fit_document(cmd, [runs.run(gpu) for gpu in gpus])
+        text = render_fit(doc, args.top)
+    print(json.dumps(doc, indent=1) if args.json else text)
     return 0 if doc["fits_everywhere"] else 1

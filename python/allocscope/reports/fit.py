@@ -16,7 +16,7 @@ A card's verdict:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from .._format import EventKind
 from .._units import format_bytes
@@ -24,7 +24,8 @@ from ..reader import Capture
 from .report import build_report, oom_lines
 from .text import table
 
-__all__ = ["FIT_SCHEMA", "card_result", "fit_document", "render_fit"]
+__all__ = ["FIT_SCHEMA", "SearchFailed", "card_result", "fit_document", "render_fit", "render_search",
+           "search_document", "search_largest"]
 
 FIT_SCHEMA = "allocscope.fit/1"
 
@@ -131,3 +132,67 @@ def _peak_lines(c: dict[str, Any], top: int) -> list[str]:
     for s in c["peak"]["sites"]:
         lines.append(f"    {format_bytes(s['live_bytes']):>11}  {s['site']}")
     return lines
+
+
+# ---- the largest value that fits (fit --search)
+
+
+class SearchFailed(ValueError):
+    """The command failed at a value for a reason other than memory: no
+    verdict about memory can be drawn from it."""
+
+
+def search_largest(low: int, high: int, run: Callable[[int], dict[str, Any]]) -> dict[str, Any]:
+    """The largest value in low..high at which the command fits, by
+    bisection (a value that fits is taken to fit below it too): run(v) is
+    the card's result at v. Tries about log2(high - low + 2) values.
+    SearchFailed where a run fails for another reason."""
+    tried: dict[int, dict[str, Any]] = {}
+
+    def fits(v: int) -> bool:
+        c = tried[v] = run(v)
+        if c["verdict"] in ("failed", "no capture"):
+            why = f"failed (exit status {c['exit_status']})" if c["verdict"] == "failed" else "never used CUDA"
+            where = f"; capture: {c['capture']}" if c.get("capture") else ""
+            raise SearchFailed(f"at {v} the command {why} without running out of memory, so the search stops{where}")
+        return c["verdict"] == "fits"
+
+    below, above = low - 1, high + 1  # fits at below (or nothing does), not at above (or all do)
+    while above - below > 1:
+        middle = (below + above) // 2
+        if fits(middle):
+            below = middle
+        else:
+            above = middle
+    largest = below if below >= low else None
+    return {"largest": largest, "runs": len(tried), "tried": list(tried),
+            "at_largest": tried.get(below), "at_next": tried.get(above)}
+
+
+def search_document(command: list[str], name: str, low: int, high: int,
+                    cards: list[dict[str, Any]]) -> dict[str, Any]:
+    """cards: {gpu, **search_largest(...)} per card."""
+    return {"schema": FIT_SCHEMA, "command": list(command), "units": "bytes",
+            "search": {"name": name, "low": low, "high": high}, "cards": cards,
+            "fits_everywhere": all(c["largest"] is not None for c in cards)}
+
+
+def render_search(doc: dict[str, Any]) -> str:
+    name, low, high = doc["search"]["name"], doc["search"]["low"], doc["search"]["high"]
+    lines = [f"allocscope fit: the largest {name} in {low}..{high} that fits: {' '.join(doc['command'])}", ""]
+    rows = [("GPU", "largest", "peak reserved", "headroom", "next", "next's peak reserved", "runs")]
+    for c in doc["cards"]:
+        at, nxt = c["at_largest"] or {}, c["at_next"] or {}
+        largest = f"{name}={c['largest']}" if c["largest"] is not None else f"none (not even {low})"
+        shortfall = nxt.get("shortfall_bytes")
+        rows.append((c["gpu"], largest, _size(at.get("peak_reserved_bytes")) if at else "",
+                     _size(at.get("headroom_bytes")) if at else "",
+                     str(c["largest"] + 1 if c["largest"] is not None else low) if nxt else "",
+                     (_size(nxt.get("peak_reserved_bytes")) + (f", short by {format_bytes(shortfall)}"
+                                                                if shortfall is not None else "")) if nxt else "",
+                     str(c["runs"])))
+    lines += table(rows, {2, 3, 6})
+    lines.append("")
+    lines.append("The search takes a value that fits to fit below it too. Each run's capture is kept "
+                 "(allocscope report / html / simulate).")
+    return "\n".join(lines)
