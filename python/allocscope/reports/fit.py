@@ -70,7 +70,9 @@ def card_result(gpu: str, status: int, cap: Capture | None, *, capture_path: str
     out["headroom_bytes"] = (None if total is None or peak_reserved is None or outside is None or ooms
                              else int(total) - peak_reserved - outside)
     out["shortfall_bytes"] = (r.get("oom") or {}).get("shortfall")
-    focus = r.get("peak_reserved") or r["peak"]
+    # What filled memory: at the peak of allocated memory, the moment the
+    # sites are of too (the reserved peak can come where little is allocated).
+    focus = r["peak"]
     out["peak"] = {
         "event": focus["event"],
         "by_category": {c: b for c, b in sorted(focus["by_category"].items(), key=lambda kv: -kv[1]) if b},
@@ -122,7 +124,7 @@ def render_fit(doc: dict[str, Any], top: int = 5) -> str:
 
 
 def _peak_lines(c: dict[str, Any], top: int) -> list[str]:
-    lines = [f"  at the peak of reserved memory (event {c['peak']['event']}):"]
+    lines = [f"  at the peak of allocated memory (event {c['peak']['event']}):"]
     if c["watched"]:
         lines.append("    by category: " + ", ".join(f"{k} {format_bytes(v)}" for k, v in
                                                       list(c["peak"]["by_category"].items())[:top]))
