@@ -146,3 +146,21 @@ def test_a_search_stops_where_the_command_fails_otherwise(tmp_path, script):
 def test_a_malformed_range_is_a_one_line_error(tmp_path, spec, message):
     result = fit(tmp_path, "--gpu", "L4-24GB", "--search", spec, "--", "x.py")
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_watched_model_gets_its_categories_and_the_textbook_estimate(tmp_path, script):
+    train = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "train.py")
+    result = fit(tmp_path, "--gpu", "T4-16GB", "--json", "--", train, "--steps", "2")
+    assert result.returncode == 0, result.stderr
+    card = json.loads(result.stdout)["cards"][0]
+    assert card["watched"] and card["peak"]["by_category"]["activation"] > 0
+    est = card["estimate"]
+    # the waterfall adds up: the estimate plus each item of the difference is the measured figure
+    assert est["textbook_bytes"] > 0 and est["basis"] == "device_used"
+    assert est["textbook_bytes"] + sum(g["bytes"] for g in est["gap"]) == est["measured_bytes"]
+    assert any(g["item"] == "outside_allocator" for g in est["gap"])
+    text = fit(tmp_path, "-f", "--gpu", "T4-16GB", "--", train, "--steps", "2").stdout
+    assert "the textbook estimate against the measured peak:" in text and "= measured" in text
+    # an unwatched script has no estimate to give
+    unwatched = json.loads(fit(tmp_path, "-f", "--gpu", "T4-16GB", "--json", "--", script, "1").stdout)
+    assert unwatched["cards"][0]["estimate"] is None

@@ -35,10 +35,12 @@ def outputs(path: str) -> list[str]:
     return found + sorted(glob.glob(f"{glob.escape(stem)}.rank*{ext}") + glob.glob(f"{glob.escape(stem)}.pid*{ext}"))
 
 
-def wait_for(cmd: list[str], env: dict[str, str]) -> int:
-    """Runs cmd to its end; its exit status (128 + N for a signal N)."""
+def wait_for(cmd: list[str], env: dict[str, str], *, output_to_stderr: bool = False) -> int:
+    """Runs cmd to its end; its exit status (128 + N for a signal N).
+    output_to_stderr: the child's standard output goes to our standard error
+    (so that ours holds only what we print, e.g. JSON)."""
     try:
-        child = subprocess.Popen(cmd, env=env)
+        child = subprocess.Popen(cmd, env=env, stdout=sys.stderr if output_to_stderr else None)
     except OSError as e:
         raise ValueError(f"cannot run {cmd[0]}: {e.strerror}") from None
     # The terminal sends Ctrl-C to the child too; let it finish its capture.

@@ -37,7 +37,8 @@ shortfall. A run that fails for another reason stops the search.
 
 Exit status: 0 when the command fits on every card (with --search: some
 value fits on every card), 1 otherwise. --json prints the document instead
-(schema: docs/report.md, "fit").
+(schema: docs/report.md, "fit"), with the command's own output sent to
+standard error.
 
 examples:
   allocscope fit --gpu A100-40GB --gpu L4-24GB -- python train.py --steps 2
@@ -85,6 +86,7 @@ class _Runs:
     def __init__(self, args: argparse.Namespace, cmd: list[str]):
         self.cmd, self.stacks, self.top = cmd, args.stacks, args.top
         self.search = args.search
+        self.quiet_stdout = args.json  # the command's output must not mix with the JSON
         self.directory = os.path.abspath(args.output_dir)
 
     def path(self, gpu: str, value: int | None = None) -> str:
@@ -109,7 +111,8 @@ class _Runs:
             env[name] = str(value)
         where = f"a virtual {gpu}" + ("" if value is None else f" with {self.search[0]}={value}")
         print(f"allocscope fit: running on {where}", file=sys.stderr)
-        status = wait_for(cmd, _autostart.child_environment(env, path, {"device": "cuda", "stacks": self.stacks}))
+        status = wait_for(cmd, _autostart.child_environment(env, path, {"device": "cuda", "stacks": self.stacks}),
+                          output_to_stderr=self.quiet_stdout)
         written = outputs(path)
         cap = load(written[0], salvage=True) if written else None
         card = card_result(gpu, status, cap, capture_path=os.path.relpath(written[0]) if written else None,

@@ -21,7 +21,7 @@ from typing import Any, Callable
 from .._format import EventKind
 from .._units import format_bytes
 from ..reader import Capture
-from .report import build_report, oom_lines
+from .report import build_report, oom_lines, waterfall_lines
 from .text import table
 
 __all__ = ["FIT_SCHEMA", "SearchFailed", "card_result", "fit_document", "render_fit", "render_search",
@@ -80,6 +80,12 @@ def card_result(gpu: str, status: int, cap: Capture | None, *, capture_path: str
         "sites": [{"site": s["site"], "live_bytes": s["live_bytes"]} for s in r["sites"][:top] if s["live_bytes"]],
     }
     out["watched"] = r["capture"]["watched"]
+    # The textbook estimate beside the measured figure, and the waterfall
+    # between them (needs a watched model: the estimate counts its tensors).
+    out["estimate"] = None if not out["watched"] else {
+        "textbook_bytes": r["theory"]["total"], "measured_bytes": r["measured"]["total_bytes"],
+        "basis": r["measured"]["basis"], "theory": r["theory"], "gap": [g for g in r["gap"] if g["bytes"]],
+        "measured": r["measured"]}
     if "oom" in r:
         out["oom"] = r["oom"]
     out["warnings"] = r["warnings"]
@@ -133,6 +139,10 @@ def _peak_lines(c: dict[str, Any], top: int) -> list[str]:
         lines.append("    no model was watched: categories and modules need rec.watch(model, optimizer)")
     for s in c["peak"]["sites"]:
         lines.append(f"    {format_bytes(s['live_bytes']):>11}  {s['site']}")
+    est = c.get("estimate")
+    if est:
+        lines.append("  the textbook estimate against the measured peak:")
+        lines += ["  " + line for line in waterfall_lines(est["theory"], est["gap"], est["measured"])]
     return lines
 
 

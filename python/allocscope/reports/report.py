@@ -24,7 +24,7 @@ from .allocator import allocator_section, oom_section
 from .text import shorten, table
 
 __all__ = ["SCHEMA", "Analysis", "MarkNotFound", "StepsNotFound", "analyse", "build_report", "find_mark", "oom_lines",
-           "render", "step_window"]
+           "render", "step_window", "waterfall_lines"]
 
 SCHEMA = "allocscope.report/1"
 
@@ -207,22 +207,8 @@ def render(r: dict[str, Any], top: int = 10) -> str:
         head += f", {format_bytes(focus['reserved_bytes'])} reserved"
     lines.append(head)
 
-    th = r["theory"]
     lines += ["", "Theory vs practice (textbook estimate -> measured):"]
-    rows = [("estimate", format_bytes(th["total"]), "parameters + gradients + optimizer state + "
-             "activations x2 + inputs" if th["training"] else "parameters + activations + inputs")]
-    running = th["total"]
-    for item in r["gap"]:
-        if item["bytes"] == 0:
-            continue
-        running += item["bytes"]
-        sign = "+" if item["bytes"] >= 0 else "-"
-        rows.append((f"{sign} {item['item']}", format_bytes(abs(item["bytes"])), item["detail"]))
-    m = r["measured"]
-    rows.append(("= measured", format_bytes(m["total_bytes"]), m["basis"].replace("_", " ")))
-    lines += table(rows, {1})
-    for note in th["notes"]:
-        lines.append(f"  note: {note}")
+    lines += waterfall_lines(r["theory"], r["gap"], r["measured"])
 
     lines += ["", "By category (requested bytes):"]
     cats = [(c, format_bytes(b)) for c, b in sorted(focus["by_category"].items(), key=lambda kv: -kv[1]) if b]
@@ -287,6 +273,20 @@ def _allocator_lines(a: dict[str, Any] | None, top: int) -> list[str]:
             f"NOT reproduced exactly ({rp['matched']} of {rp['recorded_segment_events']} segment events)"
         lines.append(f"  replay of the allocator: {verdict}; see `allocscope simulate`")
     return lines
+
+
+def waterfall_lines(th: dict[str, Any], gap: list[dict[str, Any]], measured: dict[str, Any]) -> list[str]:
+    """The waterfall as text: the textbook estimate (build_report's "theory"),
+    each item of the difference ("gap"), the measured total ("measured")."""
+    rows = [("estimate", format_bytes(th["total"]), "parameters + gradients + optimizer state + "
+             "activations x2 + inputs" if th["training"] else "parameters + activations + inputs")]
+    for item in gap:
+        if item["bytes"] == 0:
+            continue
+        sign = "+" if item["bytes"] >= 0 else "-"
+        rows.append((f"{sign} {item['item']}", format_bytes(abs(item["bytes"])), item["detail"]))
+    rows.append(("= measured", format_bytes(measured["total_bytes"]), measured["basis"].replace("_", " ")))
+    return table(rows, {1}) + [f"  note: {note}" for note in th["notes"]]
 
 
 def oom_lines(o: dict[str, Any] | None, top: int) -> list[str]:
