@@ -164,3 +164,14 @@ def test_a_watched_model_gets_its_categories_and_the_textbook_estimate(tmp_path,
     # an unwatched script has no estimate to give
     unwatched = json.loads(fit(tmp_path, "-f", "--gpu", "T4-16GB", "--json", "--", script, "1").stdout)
     assert unwatched["cards"][0]["estimate"] is None
+
+
+def test_a_command_that_never_uses_cuda_has_no_verdict_on_memory(tmp_path):
+    quiet = tmp_path / "quiet.py"
+    quiet.write_text("print('no torch here')\n")
+    result = fit(tmp_path, "--gpu", "L4-24GB", "--json", "--", str(quiet))
+    assert result.returncode == 1 and "no torch here" in result.stderr  # the command's output, kept off the JSON
+    card = json.loads(result.stdout)["cards"][0]
+    assert card == {"gpu": "L4-24GB", "exit_status": 0, "capture": None, "verdict": "no capture"}
+    text = fit(tmp_path, "--gpu", "L4-24GB", "--", str(quiet)).stdout
+    assert "no capture was written: the command never used CUDA" in text

@@ -113,6 +113,9 @@ def render_fit(doc: dict[str, Any], top: int = 5) -> str:
                      room, _size(c.get("total_bytes"))))
     lines += table(rows, {2, 3, 4, 5})
     for c in doc["cards"]:
+        if c["verdict"] == "no capture":
+            lines += ["", f"{c['gpu']}: no capture was written: the command never used CUDA "
+                          f"(exit status {c['exit_status']})"]
         if "peak" not in c:
             continue
         lines += ["", f"{c['gpu']}:"]
