@@ -246,8 +246,8 @@ def load(path: str | os.PathLike[str], *, salvage: bool = False, progress: bool 
 
 
 def _map(f: Any) -> bytes | mmap.mmap:
-    """The file mapped, so that the parts a partial read skips are never read
-    from disk (an empty file cannot be mapped)."""
+    """The file mapped, so that of the part a partial read skips only the
+    chunk headers are read from disk (an empty file cannot be mapped)."""
     if os.fstat(f.fileno()).st_size == 0:
         return b""
     return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
