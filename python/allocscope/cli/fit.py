@@ -94,10 +94,10 @@ class _Runs:
         return os.path.join(self.directory, f"{gpu}{suffix}.alsc")
 
     def existing(self, gpu: str) -> list[str]:
-        found = outputs(self.path(gpu))
-        if self.search:
-            found += glob.glob(os.path.join(glob.escape(self.directory), f"{glob.escape(gpu)}.{self.search[0]}=*.alsc"))
-        return found
+        """The captures this fit would overwrite (a search's: every value's)."""
+        if not self.search:
+            return outputs(self.path(gpu))
+        return sorted(glob.glob(os.path.join(glob.escape(self.directory), f"{glob.escape(gpu)}.{self.search[0]}=*.alsc")))
 
     def run(self, gpu: str, value: int | None = None) -> dict[str, Any]:
         from .. import _autostart, load, vgpu
