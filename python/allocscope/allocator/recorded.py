@@ -18,10 +18,10 @@ from .._format import EventKind
 from .._native import analysis_for
 from ..reader import Capture
 from .blocks import SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP, BumpAddresses, SegmentEvent
-from .segments import baseline_reserved, pending_blocks
+from .segments import baseline_reserved, baseline_segments, pending_blocks
 
-__all__ = ["KIND_NAMES", "Fidelity", "SegmentChecker", "deferred_frees", "recorded_fraction", "recorded_reserved",
-           "request_at"]
+__all__ = ["KIND_NAMES", "Fidelity", "SegmentChecker", "deferred_frees", "end_window", "recorded_fraction",
+           "recorded_reserved", "request_at", "settle_end_snapshot"]
 
 KIND_NAMES = {int(EventKind.SEGMENT_ALLOC): SEGMENT_ALLOC, int(EventKind.SEGMENT_FREE): SEGMENT_FREE,
                int(EventKind.SEGMENT_MAP): SEGMENT_MAP, int(EventKind.SEGMENT_UNMAP): SEGMENT_UNMAP}
@@ -154,3 +154,41 @@ def request_at(cap: Capture, e: int) -> int:
         return e
     later = np.flatnonzero((ev.kind[e:] == EventKind.ALLOC) | (ev.kind[e:] == EventKind.OOM))
     return e + int(later[0]) if len(later) else e
+
+
+# The end baseline's snapshot is taken while other threads may still free
+# (the autograd engine's thread finishing a backward that raised, say): their
+# events can land after the baseline's `seq`. The snapshot then equals the
+# replay's state after one of the last events, not necessarily the last.
+END_WINDOW = 64
+
+
+def end_window(cap: Capture) -> list[int]:
+    """The events after which the end snapshot may have been taken, but the last."""
+    end = cap.baseline("end")
+    n = len(cap.events)
+    seq = end.get("seq") if end else None
+    if not isinstance(seq, int) or not 0 < seq < n:
+        return []
+    return list(range(max(seq - 1, n - 1 - END_WINDOW), n - 1))
+
+
+def settle_end_snapshot(rep: Any, cap: Capture, window: list[int], asked: set[int]) -> Any:
+    """rep (a replay.Replay), its end comparison settled: where the end
+    snapshot differs from the replay's last state, the latest state of the
+    window it equals, if any, settles it (end_snapshot gets `after_event`).
+    Then the states of the window that were not asked for are dropped."""
+    from .state import compare_snapshot  # state.py builds on the model, which this module must not need
+
+    f = rep.fidelity
+    if f is not None and f.end_snapshot is not None and not f.end_snapshot["equal"] and window:
+        end = baseline_segments(cap.baseline("end"))
+        for at in reversed(window):
+            same = compare_snapshot(rep.states[at], end) if at in rep.states else None
+            if same is not None and same["equal"]:
+                f.end_snapshot = same | {"after_event": at}
+                break
+    for at in window:
+        if at not in asked:
+            rep.states.pop(at, None)
+    return rep

@@ -22,7 +22,8 @@ from . import native
 from .blocks import SEGMENT_ALLOC, Block, BumpAddresses
 from .config import AllocatorConfig, recorded_config
 from .model import DeviceAllocator, free_block_order
-from .recorded import KIND_NAMES, Fidelity, SegmentChecker, deferred_frees, recorded_fraction, recorded_reserved
+from .recorded import (KIND_NAMES, Fidelity, SegmentChecker, deferred_frees, end_window, recorded_fraction,
+                       recorded_reserved, settle_end_snapshot)
 from .segments import SegmentInfo, baseline_segments
 from .sizes import round_size
 from .state import compare_snapshot, load_segments, segments
@@ -128,14 +129,16 @@ def replay(cap: Capture, config: AllocatorConfig | None = None, *, limit: int | 
     if engine not in ("auto", "native", "python"):
         raise ValueError(f"unknown replay engine {engine!r} (auto, native, python)")
     run = _Run(cap, config, limit)
-    targets = sorted(set(int(t) for t in states_at))
+    asked = set(int(t) for t in states_at)
+    window = end_window(cap) if run.faithful and stop_after is None else []
+    targets = sorted(asked | set(window))
     if engine != "python":
         reason = native.unsupported(cap, run.cfg, run.start)
         if reason is None:
-            return run.replay_native(targets, stop_after)
+            return settle_end_snapshot(run.replay_native(targets, stop_after), cap, window, asked)
         if engine == "native":
             raise ValueError(f"the native replay cannot replay {cap.path}: {reason}")
-    return run.replay(targets, stop_after)
+    return settle_end_snapshot(run.replay(targets, stop_after), cap, window, asked)
 
 
 _ALLOC, _FREE, _DONE = int(EventKind.ALLOC), int(EventKind.FREE), int(EventKind.FREE_COMPLETED)
