@@ -183,7 +183,7 @@ def _extension():
 
 
 def _analysis_extension():
-    """The analysis' hot loops (csrc/replay*.cpp, csrc/scopes.cpp): plain C++
+    """The analysis' hot loops (csrc/replay*.cpp, scopes.cpp, pairs.cpp, decode.cpp): plain C++
     and pybind11, no torch, so that analysing a capture never imports torch."""
     from setuptools import Extension
 

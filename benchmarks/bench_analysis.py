@@ -9,6 +9,8 @@ resident memory (VmHWM) is its own, load included:
   attribution  load + attribution.attribute + timeline
   report       load + reports.build_report (replays as far as the report needs)
   html         load + reports.html.write_html
+  steps        report --steps 100-120: the partial load (load(through_step=120))
+               and the report of those steps; its seconds include the load
 Times are the stage alone (load subtracted where it is part of the process),
 one run each.
 
@@ -28,7 +30,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from _common import emit, environment  # noqa: E402
 
-STAGES = ("load", "replay", "attribution", "report", "html")
+STAGES = ("load", "replay", "attribution", "report", "html", "steps")
+STEPS = (100, 120)  # the steps stage reports on these
 
 
 def _peak_rss_kib() -> int:
@@ -50,7 +53,7 @@ def stage(name: str, path: str) -> dict:
     import allocscope
 
     t0 = time.perf_counter()
-    cap = allocscope.load(path)
+    cap = allocscope.load(path, through_step=STEPS[1] if name == "steps" else None)
     t1 = time.perf_counter()
     if name == "replay":
         from allocscope.allocator.replay import replay
@@ -64,13 +67,19 @@ def stage(name: str, path: str) -> dict:
         from allocscope.reports import build_report
 
         build_report(cap)
+    elif name == "steps":
+        from allocscope.reports import build_report
+
+        build_report(cap, steps=STEPS)
     elif name == "html":
         from allocscope.reports.html import write_html
 
         write_html(cap, os.path.join(os.path.dirname(path), "out.html"))
     t2 = time.perf_counter()
-    out = {"load_s": round(t1 - t0, 2), "seconds": round(t2 - t1 if name != "load" else t1 - t0, 2),
-           "peak_rss_mib": round(_peak_rss_kib() / 1024, 1)}
+    seconds = t1 - t0 if name == "load" else t2 - t0 if name == "steps" else t2 - t1
+    out = {"load_s": round(t1 - t0, 2), "seconds": round(seconds, 2), "peak_rss_mib": round(_peak_rss_kib() / 1024, 1)}
+    if name == "steps":
+        out["events_read"] = len(cap.events)
     if name == "replay":
         out["exact"] = exact
     return out
@@ -101,7 +110,7 @@ def main():
                     row[name] = {"error": proc.stderr.strip().splitlines()[-1:]}
                     continue
                 r = json.loads(proc.stdout.strip().splitlines()[-1])
-                r["events_per_s"] = round(events / r["seconds"]) if r["seconds"] else None
+                r["events_per_s"] = round(r.get("events_read", events) / r["seconds"]) if r["seconds"] else None
                 row[name] = r
             results.append(row)
             print(json.dumps(row), file=sys.stderr)

@@ -158,10 +158,9 @@ class CaptureWriter:
             F.varint(F.zigzag(d)) + F.varint(h) for d, h in self.streams))
         # Baselines taken after the first event (the end state) follow the
         # events, where the recorder writes them.
-        later = [b for b in self.baselines if isinstance(b.get("seq"), int) and b["seq"] > 0]
-        for b in self.baselines:
-            if not any(b is x for x in later):
-                out += F.chunk(F.Chunk.BASELINE, json.dumps(b).encode())
+        after = [isinstance(b.get("seq"), int) and b["seq"] > 0 for b in self.baselines]
+        for b in (b for b, late in zip(self.baselines, after) if not late):
+            out += F.chunk(F.Chunk.BASELINE, json.dumps(b).encode())
         if not self._blocks:
             for start in range(0, len(self.events), events_per_chunk):
                 out += F.chunk(F.Chunk.EVENTS, F.encode_events(self.events[start:start + events_per_chunk], start,
@@ -172,7 +171,7 @@ class CaptureWriter:
             for start in range(0, self._bulk_events, events_per_chunk):
                 part = {c: v[start:start + events_per_chunk] for c, v in cols.items()}
                 out += F.chunk(F.Chunk.EVENTS, F.encode_event_columns(part, start, version))
-        for b in later:
+        for b in (b for b, late in zip(self.baselines, after) if late):
             out += F.chunk(F.Chunk.BASELINE, json.dumps(b).encode())
         if footer:
             out += F.chunk(F.Chunk.FOOTER, json.dumps(

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from .._format import EventKind
 from .._units import format_bytes
+from ..allocator.segments import outside_allocator
 from ..reader import Capture
 from .report import build_report, oom_lines, waterfall_lines
 from .text import table
@@ -36,18 +37,6 @@ def _device(cap: Capture, label: str) -> dict[str, Any]:
     return devices[0] if isinstance(devices[0], dict) else {}
 
 
-def _outside_allocator(cap: Capture) -> int | None:
-    """Device memory used outside PyTorch's allocator (the CUDA context,
-    libraries): read at the end of recording (used minus reserved), else at
-    its start."""
-    for label in ("end", "start"):
-        dev = _device(cap, label)
-        segments = (cap.baseline(label) or {}).get("segments")
-        if "used" in dev and segments is not None:
-            return max(0, int(dev["used"]) - sum(int(s.get("total_size", 0)) for s in segments))
-    return None
-
-
 def card_result(gpu: str, status: int, cap: Capture | None, *, capture_path: str | None = None,
                 top: int = 5) -> dict[str, Any]:
     """One card's entry of the fit document. status: the command's exit
@@ -60,7 +49,8 @@ def card_result(gpu: str, status: int, cap: Capture | None, *, capture_path: str
     out["ooms"] = ooms
     r = build_report(cap, top=top)
     total = _device(cap, "start").get("total")
-    outside = _outside_allocator(cap)
+    base = cap.baseline("end") or cap.baseline("start")  # as the waterfall reads it
+    outside = outside_allocator(base) if base else None
     peak_reserved = (r.get("peak_reserved") or {}).get("reserved_bytes")
     out["total_bytes"] = total
     out["peak_allocated_bytes"] = r["peak"]["allocated_bytes"]
