@@ -1,8 +1,12 @@
-"""pytest plugin: run a test suite on allocscope's virtual GPU.
+"""pytest plugin: run a test suite on allocscope's virtual GPU, and hold tests
+to a GPU-memory budget on a card the machine does not have.
 
     pytest --vgpu H100-80GB                      # torch sees an H100; its real caching allocator runs
     pytest --vgpu A100-40GB --vgpu-memory 12GiB  # a smaller card
     ALLOCSCOPE_VGPU=2xH100-80GB pytest           # the same, from the environment
+
+    @pytest.mark.gpu_memory(gpu="A100-40GB", max_reserved="30GiB")
+    def test_train_step(): ...                   # runs on a virtual A100 in a child process (_gpu_budget.py)
 
 Installed with allocscope (entry point pytest11), so every suite in the
 environment has the options; without them it does nothing. The virtual GPU
@@ -15,10 +19,15 @@ it. Tests that need real kernels (values, timing) should be skipped when
 from __future__ import annotations
 
 import os
+from typing import Any, Generator
 
 import pytest
 
-from . import vgpu
+from . import _gpu_budget, vgpu
+
+_MARKER = ("gpu_memory(gpu=None, max_reserved=None, max_allocated=None, memory=None): run the test on allocscope's "
+           "virtual GPU of that card, in a child process, and fail it where torch's peak reserved or allocated "
+           "memory passes the limit (sizes: bytes or text such as '30GiB') or where it runs out of memory")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -50,3 +59,54 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     return (f"allocscope virtual GPU: {os.environ.get(vgpu.ENV_GPU)}"
             f"{f' with {int(memory):,} bytes' if memory else ''} (torch's real caching allocator; "
             f"kernels compute nothing)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", _MARKER)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
+    if item.get_closest_marker("gpu_memory") is None or _gpu_budget.child_spec(item) is not None:
+        return None  # unmarked, or this is the child that runs it: in place, under the hooks below
+    return _gpu_budget.run_protocol(item)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Generator[None, None, None]:
+    spec = _gpu_budget.child_spec(item)
+    if spec is None:
+        return (yield)
+    _gpu_budget.start_recording(item, spec)
+    try:
+        return (yield)
+    except BaseException as e:
+        _gpu_budget.stop_recording(item, f"exception: {type(e).__name__}")
+        raise
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    spec = _gpu_budget.child_spec(item)
+    if spec is None:
+        return (yield)
+    result = error = None
+    try:
+        result = yield
+    except BaseException as e:
+        error = e
+    message = _gpu_budget.verdict(item, spec, error)
+    if message is not None:
+        pytest.fail(message, pytrace=False)  # outside the except: an OOM's traceback would only repeat it
+    if error is not None:
+        raise error
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
+    report = yield
+    spec = _gpu_budget.child_spec(item)
+    if spec is not None:
+        _gpu_budget.write_report(item.config, report, spec)  # for the parent, which logs it as its own
+    return report

@@ -25,7 +25,7 @@ GROUPS = {
     "allocscope.attribution": "attribution",
     "allocscope.reports": "reports",
     "allocscope.interop": "interop",
-    "allocscope.vgpu": "vgpu", "allocscope.pytest_plugin": "vgpu",
+    "allocscope.vgpu": "vgpu",
     "allocscope.recording": "recording", "allocscope.watcher": "recording", "allocscope._metadata": "recording",
     "allocscope._autostart": "recording",
     "allocscope.cli": "entry", "allocscope.__main__": "entry", "allocscope._bootstrap.sitecustomize": "entry",

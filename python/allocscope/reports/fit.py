@@ -25,7 +25,7 @@ from ..reader import Capture
 from .report import build_report, oom_lines, waterfall_lines
 from .text import table
 
-__all__ = ["FIT_SCHEMA", "SearchFailed", "card_result", "fit_document", "render_fit", "render_search",
+__all__ = ["FIT_SCHEMA", "SearchFailed", "card_lines", "card_result", "fit_document", "render_fit", "render_search",
            "search_document", "search_largest"]
 
 FIT_SCHEMA = "allocscope.fit/1"
@@ -106,20 +106,26 @@ def render_fit(doc: dict[str, Any], top: int = 5) -> str:
         if c["verdict"] == "no capture":
             lines += ["", f"{c['gpu']}: no capture was written: the command never used CUDA "
                           f"(exit status {c['exit_status']})"]
-        if "peak" not in c:
-            continue
-        lines += ["", f"{c['gpu']}:"]
-        if c["peak"]["event"] < 0:
-            lines.append("  nothing was allocated")
-        else:
-            lines += _peak_lines(c, top)
-        if c["verdict"] == "failed":
-            lines.append(f"  the command failed (exit status {c['exit_status']}) without running out of memory: "
-                         "its verdict says nothing about memory")
-        lines += ["  " + line if line else line for line in oom_lines(c.get("oom"), top)]
-        if c.get("capture"):
-            lines.append(f"  capture: {c['capture']} (allocscope report / html / simulate)")
+        if "peak" in c:
+            lines += ["", f"{c['gpu']}:"] + card_lines(c, top)
     return "\n".join(lines)
+
+
+def card_lines(c: dict[str, Any], top: int = 5) -> list[str]:
+    """What filled one card's memory (indented lines): the peak's breakdown,
+    the estimate beside it, the OOM post-mortem and where the capture is."""
+    lines = []
+    if c["peak"]["event"] < 0:
+        lines.append("  nothing was allocated")
+    else:
+        lines += _peak_lines(c, top)
+    if c["verdict"] == "failed":
+        lines.append(f"  the command failed (exit status {c['exit_status']}) without running out of memory: "
+                     "its verdict says nothing about memory")
+    lines += ["  " + line if line else line for line in oom_lines(c.get("oom"), top)]
+    if c.get("capture"):
+        lines.append(f"  capture: {c['capture']} (allocscope report / html / simulate)")
+    return lines
 
 
 def _peak_lines(c: dict[str, Any], top: int) -> list[str]:
@@ -129,7 +135,7 @@ def _peak_lines(c: dict[str, Any], top: int) -> list[str]:
                                                       list(c["peak"]["by_category"].items())[:top]))
         lines.append("    by module: " + ", ".join(f"{k} {format_bytes(v)}" for k, v in c["peak"]["by_module"].items()))
     else:
-        lines.append("    no model was watched: categories and modules need rec.watch(model, optimizer)")
+        lines.append("    no model was watched: categories and modules need allocscope.watch(model, optimizer) in the code")
     for s in c["peak"]["sites"]:
         lines.append(f"    {format_bytes(s['live_bytes']):>11}  {s['site']}")
     est = c.get("estimate")
