@@ -7,9 +7,15 @@ from __future__ import annotations
 import re
 from typing import Any
 
-__all__ = ["site", "user_frame"]
+__all__ = ["is_library", "site", "user_frame"]
 
 _LIBRARY = re.compile(r"^<frozen |[/\\](torch|allocscope)[/\\]")
+
+
+def is_library(filename: str) -> bool:
+    """Whether a frame's file is torch's, allocscope's or Python's import
+    machinery: not the user's code (the same rule as user_frame's)."""
+    return _LIBRARY.search(filename) is not None
 
 
 def user_frame(cap: Any, stack_id: int) -> tuple[str, str, int] | None:
@@ -18,7 +24,7 @@ def user_frame(cap: Any, stack_id: int) -> tuple[str, str, int] | None:
     empty stack. cap: a reader.Capture."""
     frames = cap.stack(stack_id)
     for f in frames:
-        if not _LIBRARY.search(f.filename):
+        if not is_library(f.filename):
             return f.filename, f.function, f.line
     return (frames[0].filename, frames[0].function, frames[0].line) if frames else None
 

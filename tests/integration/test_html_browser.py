@@ -168,3 +168,27 @@ def test_a_hostile_string_in_the_capture_stays_text(browser, tmp_path):
     assert browser.evaluate("document.querySelectorAll('img').length") == 0
     assert browser.console_errors() == []
     assert [u for u in browser.requests() if not u.startswith("file://")] == []
+
+
+def test_library_frames_are_folded_until_asked_for(browser, tmp_path):
+    from allocscope.writer import CaptureWriter
+
+    b = CaptureWriter()
+    torch_py = "/venv/lib/python3.11/site-packages/torch/nn/modules/"
+    stack = b.stack([(torch_py + "linear.py", "Linear.forward", 134), (torch_py + "module.py", "Module._call_impl", 1794),
+                     (torch_py + "module.py", "Module._wrapped_call_impl", 1783), ("train.py", "main", 10)])
+    for i in range(8):
+        b.alloc(0x1000 * (i + 1), 4096, stack=stack)
+    path = str(tmp_path / "lib.html")
+    write_html(allocscope.load(b.write(tmp_path / "lib.alsc")), path, progress=False)
+    browser.open(path)
+    titles = "Array.from(document.querySelectorAll('#flame title')).map((t) => t.textContent).join('|')"
+    folded = browser.evaluate(titles)
+    assert "Linear.forward [+2 library frames]" in folded and "Module._wrapped_call_impl (" not in folded
+    browser.click("#flame-library")
+    assert browser.evaluate("document.getElementById('flame').dataset.library") == "true"
+    shown = browser.evaluate(titles)
+    assert "Module._wrapped_call_impl (" in shown and "library frames]" not in shown
+    browser.click("#flame-toolbar button[data-view=module]")  # the toggle is for stacks only
+    assert browser.evaluate("getComputedStyle(document.getElementById('flame-library')).display") == "none"
+    assert browser.console_errors() == []

@@ -90,3 +90,52 @@ def test_memory_from_before_recording_is_named_so(tmp_path):
     r = build_report(cap)
     older = [g for g in r["peak"]["top"] if g["site"] == "<before recording>"]
     assert [g["bytes"] for g in older] == [100]  # the start baseline's live block
+
+
+def _paths(tree):
+    def walk(node, prefix=()):  # [name id, bytes, category, children]
+        here = prefix + (tree["names"][node[0]],)
+        return [p for k in node[3] for p in walk(k, here)] if node[3] else [here]
+    return walk(tree["root"])
+
+
+def test_the_stack_tree_folds_library_frames_on_request(tmp_path):
+    b = CaptureWriter()
+    torch_py = "/venv/lib/python3.11/site-packages/torch/nn/modules/"
+    # innermost first: a torch run of three frames under the user's model, under a torch run of two under main
+    stack = b.stack([(torch_py + "linear.py", "Linear.forward", 134), (torch_py + "module.py", "Module._call_impl", 1794),
+                     (torch_py + "module.py", "Module._wrapped_call_impl", 1783), ("model.py", "Net.forward", 20),
+                     (torch_py + "module.py", "Module._call_impl", 1794),
+                     (torch_py + "module.py", "Module._wrapped_call_impl", 1783), ("train.py", "main", 10)])
+    lone = b.stack([(torch_py + "functional.py", "relu", 5), ("train.py", "main", 11)])
+    b.alloc(0x1000, 4096, stack=stack)
+    b.alloc(0x3000, 512, stack=lone)
+    cap = allocscope.load(b.write(tmp_path / "lib.alsc"))
+    att, last = attribute(cap), len(cap.events) - 1
+    full = _paths(stack_tree(att, last))
+    folded = _paths(stack_tree(att, last, fold_library=True))
+    assert len(full[0]) == 1 + 7 + 1 and f"Module._call_impl ({torch_py}module.py:1794)" in full[0]
+    assert sorted(folded) == sorted([
+        ("all", "main (train.py:10)", "Module._call_impl [+1 library frame]", "Net.forward (model.py:20)",
+         "Linear.forward [+2 library frames]", "other"),
+        ("all", "main (train.py:11)", f"relu ({torch_py}functional.py:5)", "other"),  # a single frame stays
+    ])
+
+
+def test_the_timeline_starts_at_the_first_allocation_not_at_the_start_of_recording(tmp_path):
+    from allocscope.attribution.timeline import timeline
+    from allocscope.reports.views import timeline_view
+
+    b = CaptureWriter({"start_monotonic_ns": 1_000_000})
+    b.mark("imports done", dt=5_000_000_000)  # 5 s of set-up with nothing to draw
+    first = b.alloc(0x1000, 4096, dt=1_000)
+    b.alloc(0x3000, 512, dt=2_000_000)
+    b.free(0x1000, 4096, dt=1_000_000)
+    cap = allocscope.load(b.write(tmp_path / "late.alsc"))
+    att = attribute(cap)
+    view = timeline_view(att, timeline(att), points=100)
+    t_first = int(cap.events.time_ns[first]) - 1_000_000
+    assert t_first > 5_000_000_000
+    assert view["time_ns"][0] == t_first == min(view["time_ns"])  # the axis' left end
+    assert view["allocated"][0] == 0 and max(view["allocated"]) == 4608
+    assert view["time_ns"][-1] == int(cap.events.time_ns[-1]) - 1_000_000  # later times as they were

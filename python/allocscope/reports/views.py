@@ -18,6 +18,7 @@ from ..allocator.segments import SegmentInfo, outside_allocator
 from ..attribution.categories import CATEGORIES, Attribution
 from ..attribution.timeline import PERSISTENT, Timeline, bucket_peaks, iterations, live_at, relative_time, site_labels
 from ..reader import Capture
+from ..stacks import is_library
 from .allocator import block_rows
 
 __all__ = ["leaks", "marks", "module_tree", "segments_view", "stack_tree", "timeline_view"]
@@ -45,6 +46,15 @@ def timeline_view(att: Attribution, tl: Timeline, *, points: int = 2000, modules
     times = np.zeros(n + 1, np.int64)
     if n:
         times[1:] = np.maximum(ev.time_ns.astype(np.int64) - t0, 0)
+        # The axis starts where the series first move (the first allocation,
+        # or segment), not where recording started: the imports and set-up
+        # before it would take most of the width.
+        moved = tl.allocated[1:] != tl.allocated[:-1]
+        if tl.reserved is not None:
+            moved |= tl.reserved[1:] != tl.reserved[:-1]
+        first = np.flatnonzero(moved)
+        if len(first):
+            times = np.maximum(times, times[first[0] + 1])
     out["time_ns"] = times[picks].tolist()
     if tl.reserved is not None:
         out["reserved"] = tl.reserved[picks].tolist()
@@ -145,12 +155,34 @@ def _live_groups(att: Attribution, e: int, key: np.ndarray) -> tuple[np.ndarray,
     return uniq, np.bincount(np.asarray(inverse).reshape(-1), weights=att.size[live]).astype(np.int64)
 
 
-def stack_tree(att: Attribution, e: int, *, min_fraction: float = 0.001) -> dict[str, Any]:
+def _frame_path(frames: list[Any], fold_library: bool) -> list[str]:
+    """Node names of a stack, outermost first; with fold_library, each run of
+    two or more library frames (torch's, allocscope's: stacks.is_library)
+    becomes one node named by its innermost frame."""
+    names: list[str] = []
+    run: list[Any] = []
+    for f in [*reversed(frames), None]:
+        if f is not None and fold_library and is_library(f.filename):
+            run.append(f)
+            continue
+        if len(run) == 1:
+            names.append(f"{run[0].function} ({run[0].filename}:{run[0].line})")
+        elif run:
+            names.append(f"{run[-1].function} [+{len(run) - 1} library frame{'s' if len(run) > 2 else ''}]")
+        run = []
+        if f is not None:
+            names.append(f"{f.function} ({f.filename}:{f.line})")
+    return names or ["<no stack>"]
+
+
+def stack_tree(att: Attribution, e: int, *, min_fraction: float = 0.001, fold_library: bool = False) -> dict[str, Any]:
     """Live memory after event e as an icicle: root, then the Python stack
-    outermost frame first, then the ops that allocated (outermost first; in
-    backward the autograd node, under the stack of the forward op that made
-    it), then the category. Branches under `min_fraction` of the total are
-    folded into one "(n smaller)" node per parent."""
+    outermost frame first (with fold_library, runs of torch's and
+    allocscope's frames as one node each), then the ops that allocated
+    (outermost first; in backward the autograd node, under the stack of the
+    forward op that made it), then the category. Branches under
+    `min_fraction` of the total are folded into one "(n smaller)" node per
+    parent."""
     tree = _Tree()
     cap = att.capture
     key = (att.stack.astype(np.int64) << 32) | att.op.astype(np.int64)
@@ -159,8 +191,7 @@ def stack_tree(att: Attribution, e: int, *, min_fraction: float = 0.001) -> dict
     for (k, cat), size in zip(uniq.tolist(), sizes.tolist(), strict=True):
         if k not in frames_of:
             stk, op = k >> 32, k & 0xFFFFFFFF
-            frames = cap.stack(stk) if stk else []
-            path = [f"{f.function} ({f.filename}:{f.line})" for f in reversed(frames)] or ["<no stack>"]
+            path = _frame_path(cap.stack(stk) if stk else [], fold_library)
             frames_of[k] = path + [f.function for f in reversed(cap.stack(op))] if op else path
         tree.add(frames_of[k] + [CATEGORIES[cat]], cat, size)
     return tree.to_json(min_fraction)

@@ -96,7 +96,8 @@ def html_data(cap: Capture, *, at: str | None = None, top: int = 200, points: in
         "oom": report.get("oom"),
     }
     step("building the trees")
-    data["stack_tree"] = stack_tree(an.att, e)
+    data["stack_tree"] = stack_tree(an.att, e, fold_library=True)  # what people look at first: their own frames
+    data["stack_tree_all"] = stack_tree(an.att, e)
     data["module_tree"] = module_tree(an.att, e)
     data["leaks"] = leaks(an.att, an.tl)
     step("drawing the allocator")

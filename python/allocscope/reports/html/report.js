@@ -237,11 +237,11 @@ function drawWaterfall() {
 }
 
 // ---- icicle of live memory: by Python stack or by module
-const FG = { view: "stack", zoom: null };
+const FG = { view: "stack", zoom: null, library: false };
 function drawFlame() {
   const box = document.getElementById("flame");
   box.innerHTML = "";
-  const tree = FG.view === "module" ? D.module_tree : D.stack_tree;
+  const tree = FG.view === "module" ? D.module_tree : FG.library && D.stack_tree_all ? D.stack_tree_all : D.stack_tree;
   const names = tree.names, cats = tree.categories;
   const root = FG.zoom || tree.root;
   const W = box.clientWidth || 1100, rowH = 18;
@@ -270,6 +270,9 @@ function drawFlame() {
   }
   draw(root, 0, W, 0);
   box.dataset.view = FG.view;
+  box.dataset.library = String(FG.library);
+  const lib = document.getElementById("flame-library");
+  if (lib) { lib.classList.toggle("on", FG.library); lib.style.display = FG.view === "stack" ? "" : "none"; }
   box.dataset.drawn = String(drawn);
   for (const b of document.querySelectorAll("#flame-toolbar button[data-view]")) b.classList.toggle("on", b.dataset.view === FG.view);
 }
@@ -388,6 +391,10 @@ function toolbar() {
   document.getElementById("zoom-reset").addEventListener("click", () => { TL.range = null; drawTimeline(); });
   for (const b of document.querySelectorAll("#flame-toolbar button[data-view]")) {
     b.addEventListener("click", () => { FG.view = b.dataset.view; FG.zoom = null; drawFlame(); });
+  }
+  const lib = document.getElementById("flame-library");
+  if (lib) {
+    lib.addEventListener("click", () => { FG.library = !FG.library; FG.zoom = null; drawFlame(); });
   }
 }
 
