@@ -10,6 +10,9 @@ from typing import Any
 
 from . import _format
 
+# Set by `allocscope fit` for the runs it makes: {"gpu", "command", "search", "value"}.
+ENV_FIT = "ALLOCSCOPE_FIT"
+
 
 def _distributed() -> dict[str, Any]:
     info: dict[str, Any] = {}
@@ -66,7 +69,19 @@ def collect(devices: list[str], stacks: str, ops: bool = True) -> dict[str, Any]
         meta["current_device"] = torch.cuda.current_device()
         meta["allocator_backend"] = torch.cuda.get_allocator_backend()
         meta.update(_virtual_gpu())
+    meta.update(_fit())
     return meta
+
+
+def _fit() -> dict[str, Any]:
+    """Which `allocscope fit` run this is, if any (the HTML report opens with its verdict)."""
+    import json
+
+    try:
+        fit = json.loads(os.environ.get(ENV_FIT) or "null")
+    except ValueError:
+        return {}
+    return {"fit": fit} if isinstance(fit, dict) else {}
 
 
 def _virtual_gpu() -> dict[str, Any]:

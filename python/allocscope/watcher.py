@@ -301,8 +301,10 @@ class Watch:
         if optimizer is not None:
             opt = {"type": type(optimizer).__name__,
                    "state_per_parameter": _optimizer_state_per_parameter(optimizer)}
+        # Each module's class, so that reports can say "Sequential.5 (Conv2d)".
+        classes = {self._qualify(fqn): type(m).__name__ for fqn, m in model.named_modules()}
         return {"name": self.name, "parameters": total, "trainable": trainable, "buffers": buffers,
-                "parameter_count": count, "optimizer": opt}
+                "parameter_count": count, "optimizer": opt, "classes": classes}
 
     # ---- labels
 

@@ -223,6 +223,33 @@ def test_phases_modules_and_iterations(tmp_path):
     assert th["inputs"] == 4 * 3 * 16 * 16 * 4
 
 
+def test_modules_are_named_with_their_class(tmp_path):
+    from allocscope.attribution import module_label
+    from allocscope.attribution.timeline import timeline
+    from allocscope.reports.report import render
+    from allocscope.reports.views import module_tree, timeline_view
+
+    path = tmp_path / "conv.alsc"
+    train(path, *MODELS["conv"])
+    cap = allocscope.load(path)
+    att = attribute(cap)
+    classes = att.module_classes
+    assert classes["ConvNet"] == "ConvNet" and classes["ConvNet.head"] == "Linear"
+    assert classes["ConvNet.features"] == "Sequential" and classes["ConvNet.features.0"] == "Conv2d"
+    assert module_label("ConvNet.features.0", classes) == "ConvNet.features.0 (Conv2d)"
+    assert module_label("ConvNet", classes) == "ConvNet"  # the name says it already
+    assert module_label("<no module>", classes) == "<no module>"
+    r = build_report(cap)
+    assert r["module_classes"] and all(classes[m] == c for m, c in r["module_classes"].items())
+    assert set(r["peak"]["by_module"]) & set(r["module_classes"])  # JSON keys stay the names
+    text = render(r)
+    named = [m for m in r["peak"]["by_module"] if m in classes and m != "ConvNet"]
+    assert named and all(f"{m} ({classes[m]})" in text for m in named[:5])
+    tree = module_tree(att, int(r["peak"]["event"]))
+    assert {"features (Sequential)", "head (Linear)"} & set(tree["names"])
+    assert any(k.endswith(")") for k in timeline_view(att, timeline(att))["by_module"])
+
+
 def test_a_leak_across_iterations_is_found(tmp_path):
     model = nn.Linear(32, 32)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -59,10 +59,17 @@ def test_fits_on_one_card_and_not_on_another(tmp_path, script):
     assert l4["verdict"] == "out of memory" and l4["exit_status"] == 1 and l4["headroom_bytes"] is None
     assert l4["oom"]["request"]["size"] == 30 << 30
     assert l4["shortfall_bytes"] == l4["oom"]["shortfall"] > 0
-    # the captures are kept for report / html / simulate
+    # the captures are kept for report / html / simulate; their HTML opens with fit's verdict
+    from allocscope.reports.html import html_data
+
     for card in doc["cards"]:
         cap = allocscope.load(tmp_path / card["capture"])
         assert cap.metadata["virtual_gpu"]["spec"] == card["gpu"]
+        assert cap.metadata["fit"]["gpu"] == card["gpu"] and cap.metadata["fit"]["command"][-1] == "30"
+        shown = html_data(cap)["fit"]
+        assert shown["gpu"] == card["gpu"] and shown["verdict"] == card["verdict"]
+        assert (shown["peak_reserved_bytes"], shown["shortfall_bytes"]) == (card["peak_reserved_bytes"],
+                                                                          card["shortfall_bytes"])
 
 
 def test_the_text_shows_each_verdict_and_the_post_mortem(tmp_path, script):

@@ -192,3 +192,16 @@ def test_library_frames_are_folded_until_asked_for(browser, tmp_path):
     browser.click("#flame-toolbar button[data-view=module]")  # the toggle is for stacks only
     assert browser.evaluate("getComputedStyle(document.getElementById('flame-library')).display") == "none"
     assert browser.console_errors() == []
+
+
+def test_the_timeline_axis_switches_between_time_and_events(browser, page):
+    browser.open(page)
+    tl = "document.getElementById('timeline').dataset"
+    assert browser.evaluate(f"{tl}.axis") == "time"
+    browser.click("#timeline-toolbar button[data-axis=event]")
+    assert browser.evaluate(f"{tl}.axis") == "event"
+    x0, x1 = (float(v) for v in browser.evaluate(f"{tl}.range").split(","))
+    assert x0 >= -1 and x1 > x0 and x1 < 10_000_000  # event numbers, not nanoseconds
+    browser.click("#timeline-toolbar button[data-axis=time]")
+    assert browser.evaluate(f"{tl}.axis") == "time"
+    assert browser.console_errors() == []

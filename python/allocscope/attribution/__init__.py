@@ -8,11 +8,11 @@ measured. Each works on a loaded Capture and returns plain data; the CUDA
 allocator's side comes from allocscope.allocator.
 """
 
-from .categories import CATEGORIES, PHASES, Attribution, attribute
+from .categories import CATEGORIES, PHASES, Attribution, attribute, module_label
 from .estimate import ConservationError, theory, waterfall
 from .lifetimes import Lifetimes, lifetimes, live_bytes
 from .timeline import Moment, Timeline, iterations, moment, sites, timeline
 
 __all__ = ["CATEGORIES", "PHASES", "Attribution", "ConservationError", "Lifetimes", "Moment", "Timeline",
-           "attribute", "iterations", "lifetimes", "live_bytes", "moment", "sites", "theory", "timeline",
-           "waterfall"]
+           "attribute", "iterations", "lifetimes", "live_bytes", "module_label", "moment", "sites", "theory",
+           "timeline", "waterfall"]

@@ -40,7 +40,7 @@ from ..reader import Capture
 from .lifetimes import lifetimes
 from .scopes import module_scopes
 
-__all__ = ["CATEGORIES", "PHASES", "Attribution", "attribute"]
+__all__ = ["CATEGORIES", "PHASES", "Attribution", "attribute", "module_label"]
 
 CATEGORIES = ("parameter", "buffer", "gradient", "optimizer_state", "activation", "input", "output",
               "temporary", "workspace", "other", "unknown")
@@ -106,6 +106,17 @@ class Attribution:
 
     def name(self, index: int) -> str:
         return self.names[index] if index >= 0 else ""
+
+    @property
+    def module_classes(self) -> dict[str, str]:
+        """{module name: its class name} from the watches (captures made
+        before watches recorded classes have none)."""
+        out: dict[str, str] = {}
+        for w in self.watches:
+            classes = w.get("classes")
+            if isinstance(classes, dict):
+                out.update({str(k): str(v) for k, v in classes.items()})
+        return out
 
     def leaf_outputs(self) -> list[tuple[int, int, int]]:
         """(first event, last event, bytes) of each forward phase: the bytes
@@ -408,3 +419,11 @@ def attribute(cap: Capture, block_sizes: np.ndarray | None = None) -> Attributio
         iteration=iteration, names=names.names, phase_starts=p_idx, phase_names=phase_names,
         phase_iterations=p_iter, watches=watches, device_type=device_type, warnings=warnings,
         blocks_exact=blocks_exact)
+
+
+def module_label(name: str, classes: dict[str, str]) -> str:
+    """A module's name with its class where the name does not say it:
+    "Sequential.5 (Conv2d)", "encoder.layers.0 (TransformerBlock)", but
+    "GPT" for a model watched under its class name."""
+    cls = classes.get(name)
+    return f"{name} ({cls})" if cls and name.rsplit(".", 1)[-1] != cls else name

@@ -101,6 +101,7 @@ class _Runs:
 
     def run(self, gpu: str, value: int | None = None) -> dict[str, Any]:
         from .. import _autostart, load, vgpu
+        from .._metadata import ENV_FIT
         from ..reports.fit import card_result
 
         path = self.path(gpu, value)
@@ -109,6 +110,8 @@ class _Runs:
             name = self.search[0]
             cmd = [a.replace("{" + name + "}", str(value)) for a in cmd]
             env[name] = str(value)
+        env[ENV_FIT] = json.dumps({"gpu": gpu, "command": cmd, "search": self.search[0] if self.search else None,
+                                   "value": value})
         where = f"a virtual {gpu}" + ("" if value is None else f" with {self.search[0]}={value}")
         print(f"allocscope fit: running on {where}", file=sys.stderr)
         status = wait_for(cmd, _autostart.child_environment(env, path, {"device": "cuda", "stacks": self.stacks}),

@@ -21,6 +21,7 @@ from typing import Any, Callable
 from .._format import EventKind
 from .._units import format_bytes
 from ..allocator.segments import outside_allocator
+from ..attribution.categories import module_label
 from ..reader import Capture
 from .report import build_report, oom_lines, waterfall_lines
 from .text import table
@@ -38,16 +39,17 @@ def _device(cap: Capture, label: str) -> dict[str, Any]:
 
 
 def card_result(gpu: str, status: int, cap: Capture | None, *, capture_path: str | None = None,
-                top: int = 5) -> dict[str, Any]:
+                top: int = 5, report: dict[str, Any] | None = None) -> dict[str, Any]:
     """One card's entry of the fit document. status: the command's exit
-    status; cap: the capture of its (first) process, None if none was written."""
+    status; cap: the capture of its (first) process, None if none was written;
+    report: its build_report(cap), where already made."""
     out: dict[str, Any] = {"gpu": gpu, "exit_status": status, "capture": capture_path}
     if cap is None:
         return out | {"verdict": "no capture"}
     ooms = int((cap.events.kind == EventKind.OOM).sum())
     out["verdict"] = "out of memory" if ooms else "fits" if status == 0 else "failed"
     out["ooms"] = ooms
-    r = build_report(cap, top=top)
+    r = report if report is not None else build_report(cap, top=top)
     total = _device(cap, "start").get("total")
     base = cap.baseline("end") or cap.baseline("start")  # as the waterfall reads it
     outside = outside_allocator(base) if base else None
@@ -67,6 +69,7 @@ def card_result(gpu: str, status: int, cap: Capture | None, *, capture_path: str
         "event": focus["event"],
         "by_category": {c: b for c, b in sorted(focus["by_category"].items(), key=lambda kv: -kv[1]) if b},
         "by_module": dict(list(focus["by_module"].items())[:top]),
+        "module_classes": r["module_classes"],
         "sites": [{"site": s["site"], "live_bytes": s["live_bytes"]} for s in r["sites"][:top] if s["live_bytes"]],
     }
     out["watched"] = r["capture"]["watched"]
@@ -133,7 +136,9 @@ def _peak_lines(c: dict[str, Any], top: int) -> list[str]:
     if c["watched"]:
         lines.append("    by category: " + ", ".join(f"{k} {format_bytes(v)}" for k, v in
                                                       list(c["peak"]["by_category"].items())[:top]))
-        lines.append("    by module: " + ", ".join(f"{k} {format_bytes(v)}" for k, v in c["peak"]["by_module"].items()))
+        classes = c["peak"].get("module_classes", {})
+        lines.append("    by module: " + ", ".join(f"{module_label(k, classes)} {format_bytes(v)}"
+                                                    for k, v in c["peak"]["by_module"].items()))
     else:
         lines.append("    no model was watched: categories and modules need allocscope.watch(model, optimizer) in the code")
     for s in c["peak"]["sites"]:

@@ -14,7 +14,7 @@ from .._units import format_bytes
 from ..allocator import native
 from ..allocator.recorded import recorded_reserved, request_at
 from ..allocator.replay import Replay, replay
-from ..attribution.categories import Attribution, attribute
+from ..attribution.categories import Attribution, attribute, module_label
 from ..attribution.estimate import theory, waterfall
 from ..attribution.ops import NO_OP
 from ..attribution.timeline import (Timeline, category_timeline, iteration_bounds, iterations, moment, ops, sites,
@@ -128,6 +128,14 @@ def _section(att: Attribution, tl: Timeline, e: int, top: int) -> dict[str, Any]
     return {"moment": m.to_json(), "theory": th, "gap": gap, "measured": measured}
 
 
+def _named_classes(att: Attribution, r: dict[str, Any]) -> dict[str, str]:
+    """The class of each module the report names (where the watch said it)."""
+    classes = att.module_classes
+    names = {g.get("module") for key in ("peak", "at", "peak_reserved") for g in (r.get(key) or {}).get("top", ())}
+    names |= {m for key in ("peak", "at", "peak_reserved") for m in (r.get(key) or {}).get("by_module", {})}
+    return {n: classes[n] for n in sorted(n for n in names if n in classes)}
+
+
 def build_report(cap: Capture, *, at: str | None = None, steps: tuple[int, int] | None = None, top: int = 20,
                  replay_budget: int = REPLAY_BUDGET, analysis: Analysis | None = None) -> dict[str, Any]:
     """The report of a capture: the peak (or the first mark `at`, or the
@@ -173,6 +181,7 @@ def build_report(cap: Capture, *, at: str | None = None, steps: tuple[int, int] 
     out["ops"] = ops(att, focus, top, window=window)
     out["timeline"] = category_timeline(att, tl, window=window)
     out["warnings"] = list(cap.warnings) + att.warnings + an.warnings
+    out["module_classes"] = _named_classes(att, out)
     if an.replay is not None and an.replay_at is not None:
         # The allocator's side: its state replayed at the peak of reserved
         # memory, and the post-mortem of an OOM (docs/allocator.md).
@@ -214,10 +223,12 @@ def render(r: dict[str, Any], top: int = 10) -> str:
     cats = [(c, format_bytes(b)) for c, b in sorted(focus["by_category"].items(), key=lambda kv: -kv[1]) if b]
     lines += table(cats, {1}) if cats else ["  (nothing live)"]
     lines += ["", "By module:"]
-    mods = [(mname, format_bytes(b)) for mname, b in list(focus["by_module"].items())[:top]]
+    classes = r.get("module_classes", {})
+    mods = [(module_label(mname, classes), format_bytes(b)) for mname, b in list(focus["by_module"].items())[:top]]
     lines += table(mods, {1}) if mods else ["  (nothing live)"]
     lines += ["", "Largest groups (category, module, source line):"]
-    groups = [(format_bytes(g["bytes"]), str(g["count"]), g["category"], g["module"] or "-", shorten(g["site"]))
+    groups = [(format_bytes(g["bytes"]), str(g["count"]), g["category"], module_label(g["module"], classes) or "-",
+               shorten(g["site"]))
               for g in focus["top"][:top]]
     lines += table([("bytes", "n", "category", "module", "site")] + groups, {0, 1}) if groups else ["  (none)"]
     if r["sites"]:

@@ -15,7 +15,7 @@ import numpy as np
 
 from .._format import EventKind
 from ..allocator.segments import SegmentInfo, outside_allocator
-from ..attribution.categories import CATEGORIES, Attribution
+from ..attribution.categories import CATEGORIES, Attribution, module_label
 from ..attribution.timeline import PERSISTENT, Timeline, bucket_peaks, iterations, live_at, relative_time, site_labels
 from ..reader import Capture
 from ..stacks import is_library
@@ -87,9 +87,10 @@ def _module_series(att: Attribution, picks: np.ndarray, keep: int) -> dict[str, 
     peaks.sort(reverse=True)
     out: dict[str, list[int]] = {}
     rest = np.zeros(len(picks), np.int64)
+    classes = att.module_classes
     for rank, (_, m) in enumerate(peaks):
         if rank < keep:
-            out[att.name(m) or _NO_MODULE] = series[m].tolist()
+            out[module_label(att.name(m), classes) or _NO_MODULE] = series[m].tolist()
         else:
             rest += series[m]
     if len(peaks) > keep:
@@ -201,10 +202,14 @@ def module_tree(att: Attribution, e: int, *, min_fraction: float = 0.001) -> dic
     """Live memory after event e by module path (`encoder.layers.0` nests
     under `encoder.layers` under `encoder`), then category."""
     tree = _Tree()
+    classes = att.module_classes
     uniq, sizes = _live_groups(att, e, att.module.astype(np.int64))
     for (mod, cat), size in zip(uniq.tolist(), sizes.tolist(), strict=True):
         name = att.name(mod)
-        path = name.split(".") if name else [_NO_MODULE]
+        parts = name.split(".") if name else [_NO_MODULE]
+        # Each node with its module's class where known: "5 (Conv2d)".
+        path = [module_label(part, {part: classes[full]}) if full in classes else part
+                for part, full in zip(parts, (".".join(parts[:i + 1]) for i in range(len(parts))), strict=True)]
         tree.add(path + [CATEGORIES[cat]], cat, size)
     return tree.to_json(min_fraction)
 
@@ -237,6 +242,7 @@ def leaks(att: Attribution, tl: Timeline, *, top: int = 50) -> list[dict[str, An
     """Memory allocated in an iteration followed by another complete one and
     never freed (the rule of attribution.timeline.iterations()), grouped by category,
     module and the user's line, largest first."""
+    classes = att.module_classes
     its = iterations(att, tl)
     if len(its) < 3:
         return []
@@ -249,7 +255,8 @@ def leaks(att: Attribution, tl: Timeline, *, top: int = 50) -> list[dict[str, An
     code, names = site_labels(att, rows)
     groups: dict[tuple[str, str, str], list[int]] = {}
     for r, c in zip(rows.tolist(), code.tolist(), strict=True):
-        g = groups.setdefault((CATEGORIES[att.category[r]], att.name(int(att.module[r])), names[c]), [0, 0, 0])
+        g = groups.setdefault((CATEGORIES[att.category[r]], module_label(att.name(int(att.module[r])), classes),
+                               names[c]), [0, 0, 0])
         g[0] += int(att.size[r])
         g[1] += 1
         g[2] = max(g[2], int(att.iteration[r]))

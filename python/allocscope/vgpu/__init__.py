@@ -223,9 +223,14 @@ def activate(gpu: str, *, memory: int | str | None = None, context: int | str | 
 
 def _turn_cudnn_off() -> None:
     # cuDNN needs a driver; torch's native kernels take its place (docs/vgpu.md).
+    # scaled_dot_product_attention's cuDNN backend does not follow
+    # cudnn.enabled: it is chosen first for bf16/fp16 on Hopper and fails with
+    # CUDNN_STATUS_NOT_INITIALIZED, so it is turned off too (flash or
+    # memory-efficient attention take its place).
     import torch
 
     torch.backends.cudnn.enabled = False
+    torch.backends.cuda.enable_cudnn_sdp(False)
 
 
 # How long the interpreter waits at exit for autograd's device threads.

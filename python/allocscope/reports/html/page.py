@@ -21,8 +21,10 @@ from ..._format import EventKind
 from ..._progress import Steps
 from ..._version import __version__
 from ...allocator.fragmentation import figures
+from ...attribution.categories import module_label
 from ...attribution.timeline import relative_time
 from ...reader import Capture
+from ..fit import card_result
 from ..report import Analysis, analyse, build_report
 from ..views import leaks, marks, module_tree, segments_view, stack_tree, timeline_view
 
@@ -89,12 +91,16 @@ def html_data(cap: Capture, *, at: str | None = None, top: int = 200, points: in
         "marks": marks(cap, an.att),
         "ooms": [{"event": int(i), "time_ns": relative_time(cap, int(i)), "size": int(ev.size[i] or ev.block[i])}
                  for i in oom_idx.tolist()],
-        "groups": focus["top"],
+        "groups": [g | {"module": module_label(g["module"], report["module_classes"])} for g in focus["top"]],
         "sites": report["sites"],
         "iterations": _iterations(report["iterations"]),
         "warnings": report["warnings"],
         "oom": report.get("oom"),
     }
+    fit = cap.metadata.get("fit")
+    if isinstance(fit, dict) and fit.get("gpu"):  # a dry run of `allocscope fit`: its verdict first
+        data["fit"] = card_result(str(fit["gpu"]), 0, cap, report=report) | {
+            "search": fit.get("search"), "value": fit.get("value"), "command": fit.get("command")}
     step("building the trees")
     data["stack_tree"] = stack_tree(an.att, e, fold_library=True)  # what people look at first: their own frames
     data["stack_tree_all"] = stack_tree(an.att, e)

@@ -76,8 +76,29 @@ function header() {
   if (!c.watched.length) html("div", { class: "warn" }, w, "No model was watched: categories and the estimate need rec.watch(model, optimizer).");
 }
 
+// ---- allocscope fit's verdict, where the capture is one of its dry runs
+function drawFit() {
+  const F = D.fit;
+  if (!F) return;
+  document.getElementById("fit-section").style.display = "";
+  const on = F.search ? ` with ${F.search}=${F.value}` : "";
+  document.getElementById("fit-title").textContent = `Will it fit? ${F.verdict} on a virtual ${F.gpu}${on}`;
+  const t = document.getElementById("fit-figures");
+  const row = (k, v) => { const tr = html("tr", {}, t); html("td", {}, tr, k); html("td", { class: "num" }, tr, v); };
+  const b = (v) => (v == null ? "?" : fmtBytes(v));
+  row("peak allocated", b(F.peak_allocated_bytes));
+  row("peak reserved", b(F.peak_reserved_bytes));
+  row("outside the allocator (CUDA context, libraries)", b(F.outside_allocator_bytes));
+  row("the card", b(F.total_bytes));
+  if (F.shortfall_bytes != null) row("short by", b(F.shortfall_bytes));
+  else row("headroom at the peak", b(F.headroom_bytes));
+  const notes = document.getElementById("fit-notes");
+  if (F.command) html("div", { class: "muted" }, notes, "command: " + F.command.join(" "));
+  t.dataset.verdict = F.verdict;
+}
+
 // ---- the timeline
-const TL = { mode: "category", range: null };
+const TL = { mode: "category", range: null, axis: "time" };
 function timelineSeries() {
   const t = D.timeline;
   const src = TL.mode === "module" ? t.by_module : t.by_category;
@@ -87,7 +108,8 @@ function drawTimeline() {
   const box = document.getElementById("timeline");
   box.innerHTML = "";
   const t = D.timeline, n = t.time_ns.length;
-  const useTime = n > 1 && t.time_ns[n - 1] > t.time_ns[0];
+  // By time, or by event number: the latter gives idle seconds no width.
+  const useTime = TL.axis === "time" && n > 1 && t.time_ns[n - 1] > t.time_ns[0];
   const xs = useTime ? t.time_ns : t.event;
   const full = [xs[0], xs[n - 1] > xs[0] ? xs[n - 1] : xs[0] + 1];
   const [x0, x1] = TL.range || full;
@@ -195,6 +217,7 @@ function drawTimeline() {
     if (Math.abs(X(b) - X(a)) > 4) { TL.range = [a, b]; drawTimeline(); } else brush.setAttribute("visibility", "hidden");
   }, { once: false });
   box.dataset.range = x0 + "," + x1;
+  box.dataset.axis = useTime ? "time" : "event";
   box.dataset.drawn = String(drawn);
   box.dataset.points = String(hi - lo + 1);
   const lg = document.getElementById("timeline-legend");
@@ -389,6 +412,14 @@ function toolbar() {
     });
   }
   document.getElementById("zoom-reset").addEventListener("click", () => { TL.range = null; drawTimeline(); });
+  for (const b of document.querySelectorAll("#timeline-toolbar button[data-axis]")) {
+    b.addEventListener("click", () => {
+      TL.axis = b.dataset.axis;
+      TL.range = null;  // a range in one unit means nothing in the other
+      for (const o of document.querySelectorAll("#timeline-toolbar button[data-axis]")) o.classList.toggle("on", o === b);
+      drawTimeline();
+    });
+  }
   for (const b of document.querySelectorAll("#flame-toolbar button[data-view]")) {
     b.addEventListener("click", () => { FG.view = b.dataset.view; FG.zoom = null; drawFlame(); });
   }
@@ -399,6 +430,7 @@ function toolbar() {
 }
 
 header();
+drawFit();
 toolbar();
 drawTimeline();
 drawWaterfall();
