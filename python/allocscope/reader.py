@@ -347,14 +347,11 @@ class _Decoder:
         elif kind == F.Chunk.STRINGS:
             count, pos = F.table_entries(payload, len(c.strings))
             for _ in range(count):
-                n, pos = F.read_varint(payload, pos)
-                if pos + n > len(payload):
-                    raise FormatError("string runs past the end of its chunk")
+                text, pos = self._text(payload, pos, "string")
                 try:
-                    c.strings.append(bytes(payload[pos:pos + n]).decode("utf-8"))
+                    c.strings.append(text.decode("utf-8"))
                 except UnicodeDecodeError as e:
                     raise FormatError(f"string is not UTF-8: {e}") from None
-                pos += n
             self._end(payload, pos)
         elif kind == F.Chunk.FRAMES:
             count, pos = F.table_entries(payload, len(self.frame_rows))
@@ -380,11 +377,8 @@ class _Decoder:
             count, pos = F.table_entries(payload, len(c.threads))
             for _ in range(count):
                 tid, pos = F.read_varint(payload, pos)
-                n, pos = F.read_varint(payload, pos)
-                if pos + n > len(payload):
-                    raise FormatError("thread name runs past the end of its chunk")
-                c.threads.append(ThreadInfo(tid, bytes(payload[pos:pos + n]).decode("utf-8", "replace")))
-                pos += n
+                name, pos = self._text(payload, pos, "thread name")
+                c.threads.append(ThreadInfo(tid, name.decode("utf-8", "replace")))
             self._end(payload, pos)
         elif kind == F.Chunk.STREAMS:
             count, pos = F.table_entries(payload, len(c.streams))
@@ -441,6 +435,14 @@ class _Decoder:
                 elif isinstance(events, int):
                     self.capture.events_in_file = events
                 return
+
+    @staticmethod
+    def _text(payload: memoryview, pos: int, what: str) -> tuple[bytes, int]:
+        """A length-prefixed byte string at pos, and the position after it."""
+        n, pos = F.read_varint(payload, pos)
+        if pos + n > len(payload):
+            raise FormatError(f"{what} runs past the end of its chunk")
+        return bytes(payload[pos:pos + n]), pos + n
 
     @staticmethod
     def _end(payload: memoryview, pos: int) -> None:
