@@ -49,6 +49,8 @@ def _start(options: dict[str, Any]) -> None:
     rec = Recording(path, device=options.get("device", "cpu"), stacks=options.get("stacks", "python"))
     try:
         rec.start()
+        if options.get("auto_watch"):
+            rec.auto_watch()
     except Exception as e:  # never break the program being recorded
         print(f"allocscope: could not start recording: {e}", file=sys.stderr)
         return

@@ -177,7 +177,8 @@ def child_spec(item: pytest.Item) -> dict[str, Any] | None:
 def start_recording(item: pytest.Item, spec: dict[str, Any]) -> None:
     from .recording import Recording
 
-    item.stash[_RECORDING] = Recording(spec["capture"], device="cuda", stacks="python").start()
+    rec = item.stash[_RECORDING] = Recording(spec["capture"], device="cuda", stacks="python").start()
+    rec.auto_watch()  # categories and modules in the message without a watch() in the test
 
 
 def stop_recording(item: pytest.Item, reason: str = "stopped") -> None:

@@ -89,6 +89,7 @@ class Recording:
         self._running = False
         self._pid = 0  # the process that started it (a forked child must not stop it)
         self._watches: list[Any] = []
+        self._auto: Any = None
 
     @property
     def active(self) -> bool:
@@ -147,6 +148,9 @@ class Recording:
                 _active = None
                 return {}
             C = native()
+            if self._auto is not None:
+                self._auto.remove()
+                self._auto = None
             for w in self._watches:
                 w.remove()
             self._watches.clear()
@@ -182,9 +186,30 @@ class Recording:
             raise AllocscopeError("this recording is not running; watch() inside the record() block")
         from .watcher import Watch
 
+        w = self._watch_of(model)
+        if w is not None:  # watched already (by auto_watch, say): the optimizer joins that watch
+            if optimizer is not None:
+                w.add_optimizer(optimizer)
+            return w
         w = Watch(model, optimizer, name=name, device_types=self.devices)
         self._watches.append(w)
         return w
+
+    def auto_watch(self) -> None:
+        """Watches models without watch() calls: each model when it is first
+        called outside any other module, and each optimizer at its first
+        step, with the model whose parameters it steps (`allocscope fit` and
+        the gpu_memory marker do this). A model watched with watch() stays
+        that watch's."""
+        if not self._running:
+            raise AllocscopeError("this recording is not running; auto_watch() inside the record() block")
+        if self._auto is None:
+            from ._autowatch import AutoWatch
+
+            self._auto = AutoWatch(self.watch, self._watch_of)
+
+    def _watch_of(self, model: Any) -> Any:
+        return next((w for w in self._watches if w.model is model), None)
 
     def _uninstall(self, C: Any) -> None:
         if "cuda" in self.devices and C.built_with_cuda():

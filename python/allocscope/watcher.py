@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterator
 
 from ._format import EventKind
 from ._native import native
+from ._phases import Phases
 
 __all__ = ["Watch"]
 
@@ -42,7 +43,6 @@ _LEAF = 2
 _ENTER = int(EventKind.MODULE_ENTER)
 _EXIT = int(EventKind.MODULE_EXIT)
 _ACTIVATION = int(EventKind.ACTIVATION)
-_PHASE = int(EventKind.PHASE)
 
 
 def _optimizer_state_per_parameter(optimizer: Any) -> float | None:
@@ -119,80 +119,6 @@ def _new_output_bytes(args: Any, output: Any) -> int:
     return produced
 
 
-class _Process:
-    """What all watches share: the phase and iteration (one per process, so
-    that two watched models, a model and its loss module say, write one
-    sequence of phases), and the wrapper around torch.autograd.backward,
-    installed while anything is watched."""
-
-    watches: "weakref.WeakSet[Watch]" = weakref.WeakSet()
-    original_backward: Any = None
-    original_grad: Any = None
-    phase = "other"
-    iteration = 0
-    in_backward = False
-
-    @classmethod
-    def add(cls, w: "Watch") -> None:
-        import torch.autograd
-
-        if not cls.watches:  # a new recording starts from scratch
-            cls.phase, cls.iteration, cls.in_backward = "other", 0, False
-        cls.watches.add(w)
-        if cls.original_backward is None:
-            cls.original_backward = torch.autograd.backward
-            torch.autograd.backward = cls._backward  # type: ignore[assignment]
-            cls.original_grad = torch.autograd.grad
-            torch.autograd.grad = cls._grad  # type: ignore[assignment]
-
-    @classmethod
-    def discard(cls, w: "Watch") -> None:
-        import torch.autograd
-
-        cls.watches.discard(w)
-        if not cls.watches and cls.original_backward is not None:
-            if torch.autograd.backward is cls._backward:
-                torch.autograd.backward = cls.original_backward
-            if torch.autograd.grad is cls._grad:
-                torch.autograd.grad = cls.original_grad
-            cls.original_backward = cls.original_grad = None
-
-    @classmethod
-    def set_phase(cls, phase: str, *, force: bool = False) -> None:
-        if phase != cls.phase or force:
-            cls.phase = phase
-            native().annotate(_PHASE, phase, cls.iteration, 0, False)
-
-    @classmethod
-    def enter_backward(cls) -> None:
-        cls.in_backward = True
-        cls.set_phase("backward")
-
-    @classmethod
-    def leave_backward(cls) -> None:
-        cls.in_backward = False
-        cls.set_phase("other")
-
-    @staticmethod
-    def _backward(*args: Any, **kwargs: Any) -> Any:
-        return _Process._in_backward_phase(_Process.original_backward, args, kwargs)
-
-    @staticmethod
-    def _grad(*args: Any, **kwargs: Any) -> Any:
-        return _Process._in_backward_phase(_Process.original_grad, args, kwargs)
-
-    @staticmethod
-    def _in_backward_phase(original: Any, args: Any, kwargs: Any) -> Any:
-        nested = _Process.in_backward  # (a backward inside a backward hook)
-        if not nested:
-            _Process.enter_backward()
-        try:
-            return original(*args, **kwargs)
-        finally:
-            if not nested:
-                _Process.leave_backward()
-
-
 class Watch:
     """Hooks on one model (and optionally its optimizer) that annotate the
     active recording. Made by Recording.watch() or allocscope.watch(); removed
@@ -225,26 +151,52 @@ class Watch:
         self._record_cuda, self._record_cpu = "cuda" in self._device_types, "cpu" in self._device_types
 
         self._param_names = {id(p): self._qualify(fqn) for fqn, p in model.named_parameters()}
+        self._model_params = frozenset(self._param_names)
+        self._model = weakref.ref(model)
+        self._optimizers: list[Any] = []
         for fqn, m in model.named_modules():
             leaf = next(iter(m.children()), None) is None
             pre, post = self._module_hooks(self._qualify(fqn), leaf, m is model)
+            if m is model:
+                self._root_pre = pre
             self._handles.append(m.register_forward_pre_hook(pre))
             self._handles.append(m.register_forward_hook(post, always_call=True))
         for p in model.parameters():
             if p.requires_grad:
                 self._handles.append(p.register_post_accumulate_grad_hook(self._grad_hook(self._param_names[id(p)])))
         if optimizer is not None:
-            self._handles.append(optimizer.register_step_pre_hook(self._optimizer_pre))
-            self._handles.append(optimizer.register_step_post_hook(self._optimizer_post))
-            for group in optimizer.param_groups:
-                for i, p in enumerate(group["params"]):
-                    self._param_names.setdefault(id(p), f"{self.name}.<optimizer param {i}>")
-        _Process.add(self)
+            self._attach(optimizer)
+        Phases.add(self)
 
         self._emit(EventKind.WATCH, json.dumps(self._summary(model, optimizer), sort_keys=True))
         self._label_parameters(model, force=True)
 
     # ---- public
+
+    @property
+    def model(self) -> Any:
+        """The watched model (None once it is gone)."""
+        return self._model()
+
+    def add_optimizer(self, optimizer: Any) -> None:
+        """Watches an optimizer of this model made (or found) after the
+        watch: its state is labelled and its steps are the optimizer phase
+        from its next step (or from this one, when called from a step
+        pre-hook)."""
+        if self._removed or any(o is optimizer for o in self._optimizers):
+            return
+        self._attach(optimizer)
+        opt = self._summary(self.model, optimizer)["optimizer"] if self.model is not None else None
+        self._emit(EventKind.WATCH, json.dumps({"name": self.name, "update": True, "optimizer": opt}, sort_keys=True))
+
+    def owns_any(self, parameter_ids: set[int]) -> bool:
+        """Whether any of these parameters (by id) is one of the model's."""
+        return not self._model_params.isdisjoint(parameter_ids)
+
+    def entered(self, model: Any, args: Any) -> None:
+        """For a watch made inside the model's own call (Recording.auto_watch):
+        what the model's forward pre-hook would have written for that call."""
+        self._root_pre(model, args)
 
     def remove(self) -> None:
         """Removes every hook; the model behaves as if never watched."""
@@ -254,15 +206,15 @@ class Watch:
         for h in self._handles:
             h.remove()
         self._handles.clear()
-        _Process.discard(self)
+        Phases.discard(self)
 
     @property
     def iteration(self) -> int:
         """Optimizer steps completed since watching began (by any watched optimizer)."""
-        return _Process.iteration
+        return Phases.iteration
 
     def __repr__(self) -> str:
-        return f"<allocscope.Watch {self.name} iteration={_Process.iteration}{' removed' if self._removed else ''}>"
+        return f"<allocscope.Watch {self.name} iteration={Phases.iteration}{' removed' if self._removed else ''}>"
 
     # ---- emitting
 
@@ -280,6 +232,18 @@ class Watch:
 
     def _qualify(self, fqn: str) -> str:
         return f"{self.name}.{fqn}" if fqn else self.name
+
+    def _attach(self, optimizer: Any) -> None:
+        import torch
+
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"optimizer must be a torch.optim.Optimizer, not {type(optimizer).__name__}")
+        self._optimizers.append(optimizer)
+        self._handles.append(optimizer.register_step_pre_hook(self._optimizer_pre))
+        self._handles.append(optimizer.register_step_post_hook(self._optimizer_post))
+        for group in optimizer.param_groups:
+            for i, p in enumerate(group["params"]):
+                self._param_names.setdefault(id(p), f"{self.name}.<optimizer param {i}>")
 
     def _summary(self, model: Any, optimizer: Any) -> dict[str, Any]:
         seen: set[int] = set()
@@ -382,11 +346,11 @@ class Watch:
             stack = getattr(local, "modules", None)
             if stack is None:
                 stack = local.modules = []
-            if root and not stack and not _Process.in_backward:  # (not a checkpoint's recompute)
+            if root and not stack and not Phases.in_backward:  # (not a checkpoint's recompute)
                 self._begin_forward(module, args)
             stack.append(name)
             annotate(_ENTER, name, flags, 0, False)
-            if node_hooks and grad_enabled() and not _Process.in_backward:
+            if node_hooks and grad_enabled() and not Phases.in_backward:
                 # The module's backward is done when the node that made its
                 # input is about to run: every gradient for the input is in.
                 for node in _grad_nodes(args):
@@ -400,7 +364,7 @@ class Watch:
             annotate(_EXIT, name, flags, produced, False)
             if root and not stack and getattr(self._local, "saved_hooks", None) is not None:
                 self._end_forward()
-            if node_hooks and grad_enabled() and not _Process.in_backward:
+            if node_hooks and grad_enabled() and not Phases.in_backward:
                 # Its backward begins when the node that made an output runs.
                 for node in _grad_nodes(output):
                     node.register_prehook(backward_begins)
@@ -408,8 +372,8 @@ class Watch:
         return pre, post
 
     def _begin_forward(self, model: Any, args: Any) -> None:
-        first = _Process.phase != "forward"
-        _Process.set_phase("forward")
+        first = Phases.phase != "forward"
+        Phases.set_phase("forward")
         self._label_parameters(model)
         self._saved_this_forward = set(self._param_storages)  # parameters stay parameters
         # The step's inputs are those of the first watched forward; a watched
@@ -436,23 +400,23 @@ class Watch:
     # ---- backward and optimizer phases
 
     def _backward_hook_enter(self, name: str, flags: int) -> None:
-        if not _Process.in_backward:
+        if not Phases.in_backward:
             # A backward that did not go through torch.autograd.backward
             # (torch.autograd.grad): it began no later than now; the engine
             # tells us when it ends.
             import torch
 
-            _Process.enter_backward()
-            torch.autograd.Variable._execution_engine.queue_callback(_Process.leave_backward)
+            Phases.enter_backward()
+            torch.autograd.Variable._execution_engine.queue_callback(Phases.leave_backward)
         self._emit(EventKind.MODULE_ENTER, name, flags | _BACKWARD)
 
     def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        _Process.set_phase("optimizer")
+        Phases.set_phase("optimizer")
 
     def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._label_optimizer_state(optimizer)
-        _Process.iteration += 1
-        _Process.set_phase("other", force=True)  # the counter moved even if the phase did not
+        Phases.iteration += 1
+        Phases.set_phase("other", force=True)  # the counter moved even if the phase did not
 
     def _label_optimizer_state(self, optimizer: Any) -> None:
         import torch

@@ -250,6 +250,40 @@ def test_modules_are_named_with_their_class(tmp_path):
     assert any(k.endswith(")") for k in timeline_view(att, timeline(att))["by_module"])
 
 
+def _train_conv(path, *, auto: bool, explicit_late: bool = False):
+    torch.manual_seed(0)
+    model = ConvNet()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    with allocscope.record(path, device="cpu") as rec:
+        if auto:
+            rec.auto_watch()
+        else:
+            rec.watch(model, opt)
+        for step in range(3):
+            model(torch.randn(4, 3, 16, 16)).square().mean().backward()
+            opt.step()
+            if explicit_late and step == 0:
+                assert rec.watch(model, opt) is rec.watch(model)  # the auto watch, not a second one
+            opt.zero_grad()
+            allocscope.mark(f"step {step}")
+
+
+@pytest.mark.parametrize("explicit_late", [False, True])
+def test_auto_watch_names_memory_as_an_explicit_watch_does(tmp_path, explicit_late):
+    _train_conv(tmp_path / "explicit.alsc", auto=False)
+    _train_conv(tmp_path / "auto.alsc", auto=True, explicit_late=explicit_late)
+    explicit, auto = (allocscope.load(tmp_path / f"{n}.alsc") for n in ("explicit", "auto"))
+    a_att = attribute(auto)
+    assert [w["name"] for w in a_att.watches] == ["ConvNet"]  # one watch: the optimizer amended it
+    assert a_att.watches[0]["optimizer"]["type"] == "Adam" and a_att.watches[0]["classes"]["ConvNet.head"] == "Linear"
+    # From the second step on, every byte has the same meaning as under an explicit watch.
+    for label in ("step 1", "step 2"):
+        e, a = (moment(attribute(c), find_mark(c, label)) for c in (explicit, auto))
+        assert a.by_category == e.by_category and a.by_module == e.by_module, label
+    r = build_report(auto)
+    assert r["theory"] == build_report(explicit)["theory"]  # the optimizer's state counted once
+
+
 def test_a_leak_across_iterations_is_found(tmp_path):
     model = nn.Linear(32, 32)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

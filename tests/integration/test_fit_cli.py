@@ -168,9 +168,33 @@ def test_a_watched_model_gets_its_categories_and_the_textbook_estimate(tmp_path,
     assert any(g["item"] == "outside_allocator" for g in est["gap"])
     text = fit(tmp_path, "-f", "--gpu", "T4-16GB", "--", train, "--steps", "2").stdout
     assert "the textbook estimate against the measured peak:" in text and "= measured" in text
-    # an unwatched script has no estimate to give
+    # a script without a model has no estimate to give
     unwatched = json.loads(fit(tmp_path, "-f", "--gpu", "T4-16GB", "--json", "--", script, "1").stdout)
-    assert unwatched["cards"][0]["estimate"] is None
+    assert unwatched["cards"][0]["estimate"] is None and unwatched["cards"][0]["watched"] == []
+
+
+UNWATCHED = """import torch
+model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 10)).cuda()
+opt = torch.optim.AdamW(model.parameters())
+for _ in range(2):
+    model(torch.randn(256, 1024, device="cuda")).sum().backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def test_a_model_the_script_does_not_watch_is_watched_for_it(tmp_path):
+    path = tmp_path / "unwatched.py"
+    path.write_text(UNWATCHED)
+    result = fit(tmp_path, "--gpu", "L4-24GB", "--json", "--", str(path))
+    assert result.returncode == 0, result.stderr
+    card = json.loads(result.stdout)["cards"][0]
+    assert card["watched"] == ["Sequential"]
+    params = (1024 * 4096 + 4096 + 4096 * 10 + 10) * 4
+    assert card["estimate"]["theory"]["parameters"] == params
+    assert card["estimate"]["theory"]["optimizer_state"] == 2 * params  # AdamW, found at its first step
+    assert card["peak"]["by_category"]["parameter"] == params
+    assert card["peak"]["module_classes"]["Sequential.0"] == "Linear"
 
 
 def test_a_command_that_never_uses_cuda_has_no_verdict_on_memory(tmp_path):

@@ -27,7 +27,7 @@ GROUPS = {
     "allocscope.interop": "interop",
     "allocscope.vgpu": "vgpu",
     "allocscope.recording": "recording", "allocscope.watcher": "recording", "allocscope._metadata": "recording",
-    "allocscope._autostart": "recording",
+    "allocscope._autostart": "recording", "allocscope._autowatch": "recording", "allocscope._phases": "recording",
     "allocscope.cli": "entry", "allocscope.__main__": "entry", "allocscope._bootstrap.sitecustomize": "entry",
     "allocscope": "entry",
 }

@@ -393,12 +393,20 @@ def attribute(cap: Capture, block_sizes: np.ndarray | None = None) -> Attributio
     TH = rows.column("thread")
     module_scopes(cap, names, ST, TH, module, unlabelled)
 
-    watches = []
+    watches: list[dict[str, Any]] = []
     for i in np.flatnonzero(ev.kind == EventKind.WATCH).tolist():
         try:
-            watches.append(json.loads(string(i)))
+            watch = json.loads(string(i))
         except ValueError:
             warnings.append(f"event {i}: a WATCH annotation that is not JSON")
+            continue
+        # An update (an optimizer found after the model was watched) amends its watch.
+        earlier = [w for w in watches if isinstance(watch, dict) and watch.get("update")
+                   and w.get("name") == watch.get("name")]
+        if earlier:
+            earlier[-1].update({k: v for k, v in watch.items() if k != "update"})
+        elif isinstance(watch, dict) and not watch.get("update"):
+            watches.append(watch)
 
     if device_type == "cuda":
         divisions = (base or {}).get("config", {}).get("roundup_power2_divisions", ())

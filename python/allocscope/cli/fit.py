@@ -114,7 +114,8 @@ class _Runs:
                                    "value": value})
         where = f"a virtual {gpu}" + ("" if value is None else f" with {self.search[0]}={value}")
         print(f"allocscope fit: running on {where}", file=sys.stderr)
-        status = wait_for(cmd, _autostart.child_environment(env, path, {"device": "cuda", "stacks": self.stacks}),
+        status = wait_for(cmd, _autostart.child_environment(env, path, {"device": "cuda", "stacks": self.stacks,
+                                                                       "auto_watch": True}),
                           output_to_stderr=self.quiet_stdout)
         written = outputs(path)
         cap = load(written[0], salvage=True) if written else None
