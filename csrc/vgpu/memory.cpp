@@ -1,6 +1,7 @@
 // Device memory: one reserved range of address space carved into device
 // allocations, the physical handles of the driver's virtual memory
 // management, host registrations, and each device's accounting (core.h).
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -402,14 +403,87 @@ bool accessible(const void* ptr, size_t n) {
   return s.accessible(reinterpret_cast<uintptr_t>(ptr), n);
 }
 
+namespace {
+
+// Device memory never touched since it was mapped reads as zeros and costs
+// no host memory. A copy from it would write those zeros into the
+// destination and make its pages cost host memory (a model's clone of a
+// gradient no kernel computed, say). So where whole destination pages come
+// from untouched source pages, they are dropped instead, and read back as
+// zeros: the same bytes, no host memory. /proc/self/pagemap tells which
+// pages are untouched: neither present nor swapped.
+class Pagemap {
+ public:
+  Pagemap() : fd_(open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC)) {}
+  ~Pagemap() {
+    if (fd_ >= 0) close(fd_);
+  }
+  bool ok() const { return fd_ >= 0; }
+  // untouched[i]: whether page `first_page + i` is untouched; false where unknown.
+  void read(uintptr_t first_page, size_t pages, std::vector<char>* untouched) const {
+    constexpr uint64_t kPresent = 1ull << 63, kSwapped = 1ull << 62;
+    untouched->assign(pages, 0);
+    std::vector<uint64_t> entries(std::min<size_t>(pages, 1 << 16));
+    for (size_t done = 0; done < pages;) {
+      size_t want = std::min(entries.size(), pages - done);
+      ssize_t got = pread(fd_, entries.data(), want * 8, static_cast<off_t>((first_page + done) * 8));
+      if (got <= 0) return;
+      size_t n = static_cast<size_t>(got) / 8;
+      for (size_t i = 0; i < n; ++i) (*untouched)[done + i] = (entries[i] & (kPresent | kSwapped)) == 0;
+      done += n;
+    }
+  }
+
+ private:
+  int fd_;
+};
+
+void copy_device_pages(uintptr_t d, uintptr_t s, size_t n, size_t page) {
+  static const Pagemap pagemap;
+  uintptr_t first = round_up(d, page), last = (d + n) / page * page;  // the destination's whole pages
+  if (!pagemap.ok() || last <= first) {
+    std::memmove(reinterpret_cast<void*>(d), reinterpret_cast<const void*>(s), n);
+    return;
+  }
+  const uintptr_t shift = s - d;  // source address = destination address + shift (mod 2^64)
+  uintptr_t src_first = (first + shift) / page, src_last = (last - 1 + shift) / page;
+  std::vector<char> untouched;
+  pagemap.read(src_first, src_last - src_first + 1, &untouched);
+  auto zero_source = [&](uintptr_t p) {  // does destination page p come from untouched pages only?
+    return untouched[(p + shift) / page - src_first] && untouched[(p + page - 1 + shift) / page - src_first];
+  };
+  std::memmove(reinterpret_cast<void*>(d), reinterpret_cast<const void*>(s), first - d);
+  for (uintptr_t run = first; run < last;) {
+    bool zero = zero_source(run);
+    uintptr_t end = run + page;
+    while (end < last && zero_source(end) == zero) end += page;
+    if (zero) {
+      madvise(reinterpret_cast<void*>(run), end - run, MADV_DONTNEED);
+    } else {
+      std::memmove(reinterpret_cast<void*>(run), reinterpret_cast<const void*>(run + shift), end - run);
+    }
+    run = end;
+  }
+  std::memmove(reinterpret_cast<void*>(last), reinterpret_cast<const void*>(last + shift), d + n - last);
+}
+
+}  // namespace
+
 Result copy(void* dst, const void* src, size_t n) {
   if (n == 0) return Result::kOk;
+  uintptr_t d = reinterpret_cast<uintptr_t>(dst), s = reinterpret_cast<uintptr_t>(src);
+  bool device_to_device;
   {
-    Memory& s = state();
-    Lock lock(s.mu);
-    if (!s.accessible(reinterpret_cast<uintptr_t>(dst), n) || !s.accessible(reinterpret_cast<uintptr_t>(src), n)) {
-      return Result::kInvalidValue;
-    }
+    Memory& m = state();
+    Lock lock(m.mu);
+    if (!m.accessible(d, n) || !m.accessible(s, n)) return Result::kInvalidValue;
+    device_to_device = m.arena.contains(d) && m.arena.contains(s);
+  }
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  bool overlap = d < s + n && s < d + n;
+  if (device_to_device && !overlap && n >= 16 * page) {
+    copy_device_pages(d, s, n, page);
+    return Result::kOk;
   }
   std::memmove(dst, src, n);
   return Result::kOk;

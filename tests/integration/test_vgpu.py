@@ -218,6 +218,31 @@ def test_memory_costs_no_host_memory_until_written():
     assert full - after >= 250 * MiB and full - cleared >= 250 * MiB and total == 0
 
 
+def test_copies_of_memory_never_written_cost_no_host_memory():
+    out = on_vgpu("""
+        import json, torch
+        def rss():
+            with open("/proc/self/status") as f:
+                return next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmRSS:"))
+        src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")  # never written
+        src[12345:12345 + (3 << 20)].copy_(torch.full((3 << 20,), 7, dtype=torch.uint8))  # 3 MiB written, unaligned
+        before = rss()
+        dst = src.clone()  # a device-to-device cudaMemcpyAsync
+        after = rss()
+        view = dst[:8 << 20].cpu()
+        odd = src[100:(1 << 30) - 100].clone()  # source and destination at different page offsets
+        odd_view = odd[:8 << 20].cpu()
+        print(json.dumps([after - before, int((view == 7).sum()), int(view[12345:12345 + (3 << 20)].min()),
+                          int(view[:12345].sum()) + int(view[12345 + (3 << 20):].sum()),
+                          int((odd_view == 7).sum()), int(odd_view[12245].item()), int(odd_view[12244].item())]))
+    """, "H100-80GB")
+    assert out.returncode == 0, out.stderr
+    cost, sevens, smallest, others, odd_sevens, odd_first, odd_before = json.loads(out.stdout)
+    assert sevens == 3 << 20 and smallest == 7 and others == 0  # the same bytes as a plain copy
+    assert odd_sevens == 3 << 20 and (odd_first, odd_before) == (7, 0)
+    assert cost < 64 * MiB, cost  # 1 GiB copied: only the written part costs host memory
+
+
 def test_a_training_step_captured_in_a_cuda_graph(tmp_path):
     model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)).cuda()
     opt = torch.optim.Adam(model.parameters(), capturable=True)
