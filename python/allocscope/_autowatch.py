@@ -3,6 +3,13 @@ and the gpu_memory marker use it): a model is watched when it is first
 called outside any other module, and an optimizer joins the watch of the
 model whose parameters it steps, at its first step.
 
+Not a model of its own: a module called during backward (activation
+checkpointing recomputes blocks there, outside their model's call), and a
+module that is part of a watched model or holds one (torch.compile's
+wrapper around a model the script watched before compiling it). Watching
+those would count parameters twice, and hooks on a recomputed block would
+change what checkpointing keeps.
+
 Global hooks (torch.nn.modules.module.register_module_forward_pre_hook and
 its siblings, torch.optim.optimizer.register_optimizer_step_pre_hook) see
 every call; each costs a Python call and a dict lookup once its model is
@@ -11,23 +18,28 @@ watched. A model the script watches itself is left to that watch.
 
 from __future__ import annotations
 
+import sys
 import threading
+import weakref
 from typing import Any, Callable
+
+from ._phases import Phases
 
 __all__ = ["AutoWatch"]
 
 
 class AutoWatch:
-    def __init__(self, watch: Callable[..., Any], watched: Callable[[Any], Any]):
-        """watch(model) makes a Watch; watched(model) is the Watch already on
-        model (the script's own), or None."""
+    def __init__(self, watch: Callable[..., Any], watches: Callable[[], list[Any]]):
+        """watch(model) makes a Watch; watches() lists the recording's
+        watches (the script's own included)."""
         from torch.nn.modules import module as nn_module
         from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-        self._watch, self._watched = watch, watched
+        self._watch, self._watches = watch, watches
         self._local = threading.local()  # per thread: how deep in module calls
-        self._models: dict[int, Any] = {}  # id(model) -> its Watch
-        self._optimizers: set[int] = set()
+        # Keyed by the objects, not their ids: an id is reused once its object is gone.
+        self._models: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()  # model -> Watch or None
+        self._optimizers: "weakref.WeakSet[Any]" = weakref.WeakSet()
         self._handles = [
             nn_module.register_module_forward_pre_hook(self._pre),
             nn_module.register_module_forward_hook(self._post, always_call=True),
@@ -42,23 +54,39 @@ class AutoWatch:
     def _pre(self, module: Any, args: Any) -> None:
         depth = getattr(self._local, "depth", 0)
         self._local.depth = depth + 1
-        if depth or id(module) in self._models:
+        if depth or module in self._models or Phases.in_backward:
             return
-        if self._watched(module) is not None or next(module.parameters(), None) is None:
-            self._models[id(module)] = None  # the script's own watch, or no model (a loss module, say)
-            return
-        w = self._models[id(module)] = self._watch(module)
-        w.entered(module, args)  # its own hooks start with the next call: this one is under way
+        try:
+            if next(module.parameters(), None) is None or self._covered(module):
+                self._models[module] = None  # no model (a loss module, say), or one watched already
+                return
+            w = self._models[module] = self._watch(module)
+            w.entered(module, args)  # its own hooks start with the next call: this one is under way
+        except Exception as e:  # never break the program's forward
+            self._give_up(e)
+
+    def _covered(self, module: Any) -> bool:
+        """Whether module is, is part of, or holds a watched model."""
+        watched = [w.model for w in self._watches()]
+        mine = {id(m) for m in module.modules()}
+        return any(m is not None and (id(m) in mine or any(sub is module for sub in m.modules())) for m in watched)
+
+    def _give_up(self, error: Exception) -> None:
+        print(f"allocscope: auto-watch stopped: {type(error).__name__}: {error}", file=sys.stderr)
+        self.remove()
 
     def _post(self, module: Any, args: Any, output: Any) -> None:
         self._local.depth = max(getattr(self._local, "depth", 1) - 1, 0)
 
     def _step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if id(optimizer) in self._optimizers:
+        if optimizer in self._optimizers:
             return
-        self._optimizers.add(id(optimizer))
-        params = {id(p) for group in optimizer.param_groups for p in group["params"]}
-        for w in self._models.values():
-            if w is not None and w.owns_any(params):
-                w.add_optimizer(optimizer)  # its step hooks run in this step already
-                return
+        self._optimizers.add(optimizer)
+        try:
+            params = {id(p) for group in optimizer.param_groups for p in group["params"]}
+            for w in list(self._models.values()):
+                if w is not None and w.owns_any(params):
+                    w.add_optimizer(optimizer)  # its step hooks run in this step already
+                    return
+        except Exception as e:  # never break the program's step
+            self._give_up(e)

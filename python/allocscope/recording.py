@@ -206,7 +206,7 @@ class Recording:
         if self._auto is None:
             from ._autowatch import AutoWatch
 
-            self._auto = AutoWatch(self.watch, self._watch_of)
+            self._auto = AutoWatch(self.watch, lambda: list(self._watches))
 
     def _watch_of(self, model: Any) -> Any:
         return next((w for w in self._watches if w.model is model), None)

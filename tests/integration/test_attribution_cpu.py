@@ -284,6 +284,68 @@ def test_auto_watch_names_memory_as_an_explicit_watch_does(tmp_path, explicit_la
     assert r["theory"] == build_report(explicit)["theory"]  # the optimizer's state counted once
 
 
+class Blocks(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 256))
+                                    for _ in range(4))
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = checkpoint(b, x, use_reentrant=False)  # recomputed in backward, outside Blocks' call
+        return x
+
+
+class Wrapper(nn.Module):  # holds a model, as torch.compile's OptimizedModule does
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return self.inner(x)
+
+
+def _blocks_run(path, mode):
+    torch.manual_seed(0)
+    model = Blocks()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    run = Wrapper(model) if mode == "explicit_then_wrapped" else model
+    with allocscope.record(path, device="cpu") as rec:
+        if mode != "none":
+            rec.auto_watch()
+        if mode.startswith("explicit"):
+            rec.watch(model, opt)
+        for _ in range(2):
+            run(torch.randn(512, 256)).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+    return attribute(allocscope.load(path))
+
+
+def _recorded_peak(cap) -> int:
+    """The peak of what the program allocated while recording, from the ALLOC and FREE events alone."""
+    live, now, peak = {}, 0, 0
+    for kind, addr, size in zip(cap.events.kind.tolist(), cap.events.addr.tolist(), cap.events.size.tolist()):
+        if kind == allocscope.EventKind.ALLOC:
+            live[addr] = size
+            now += size
+            peak = max(peak, now)
+        elif kind == allocscope.EventKind.FREE:
+            now -= live.pop(addr, 0)
+    return peak
+
+
+def test_auto_watch_leaves_checkpointing_and_wrapped_models_alone(tmp_path):
+    peaks = {}
+    for mode in ("none", "auto", "explicit", "explicit_then_wrapped"):
+        att = _blocks_run(tmp_path / f"{mode}.alsc", mode)
+        # one watch: not the blocks recomputed in backward, not the wrapper around the watched model
+        assert [w["name"] for w in att.watches] == ([] if mode == "none" else ["Blocks"]), mode
+        peaks[mode] = _recorded_peak(att.capture)
+    # What the program allocates is the same watched or not: checkpointing still frees what it recomputes.
+    assert len(set(peaks.values())) == 1, peaks
+
+
 def test_a_leak_across_iterations_is_found(tmp_path):
     model = nn.Linear(32, 32)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
