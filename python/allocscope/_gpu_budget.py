@@ -188,31 +188,33 @@ def stop_recording(item: pytest.Item, reason: str = "stopped") -> None:
         del item.stash[_RECORDING]
 
 
-def verdict(item: pytest.Item, spec: dict[str, Any], error: BaseException | None) -> str | None:
-    """Stops the recording; the failure message where the test ran out of
-    memory or passed its budget, None where it kept within it. error: what
-    the test raised, if anything."""
+def judge(item: pytest.Item, spec: dict[str, Any], error: BaseException | None, report: Any) -> None:
+    """Stops the recording and amends the call's report: failed, with the
+    peaks and what filled memory, where the test ran out of memory or passed
+    its budget; where it failed for its own reasons, the peaks and the
+    capture beside its error. error: what the test raised, if anything."""
     import torch
 
     oom = isinstance(error, torch.OutOfMemoryError)
     stop_recording(item, "stopped" if error is None else f"exception: {type(error).__name__}")
     budget = Budget(**{k: spec[k] for k in _KEYS})
     reserved, allocated = torch.cuda.max_memory_reserved(0), torch.cuda.max_memory_allocated(0)
-    if error is not None and not oom:  # failed for its own reasons: the error says it; the peaks go beside it
-        item.add_report_section("call", "allocscope", f"on the virtual {budget.gpu}: peak reserved "
-                                f"{format_bytes(reserved)}, peak allocated {format_bytes(allocated)}; "
-                                f"capture: {spec['capture']}")
-        return None
+    peaks = f"peak reserved {format_bytes(reserved)}, peak allocated {format_bytes(allocated)}"
+    if error is not None and not oom:
+        if report.failed:  # its own error says why; the peaks go beside it
+            report.sections.append(("Captured allocscope call",
+                                    f"on the virtual {budget.gpu}: {peaks}; capture: {spec['capture']}"))
+        return
     excess = budget.excess(reserved, allocated)
     if not excess and not oom:
-        return None
+        return
     card = f"the virtual {budget.gpu}" + (f" with {format_bytes(budget.memory)}" if budget.memory else "")
     if oom:
         head = f"ran out of GPU memory on {card} (torch.OutOfMemoryError; the post-mortem below says why)"
     else:
         head = f"over its GPU memory budget on {card}: " + "; ".join(excess)
-    return "\n".join([head, f"  peak reserved {format_bytes(reserved)}, peak allocated {format_bytes(allocated)}"]
-                     + _breakdown(budget.gpu, spec["capture"]))
+    report.outcome = "failed"
+    report.longrepr = "\n".join([head, "  " + peaks] + _breakdown(budget.gpu, spec["capture"]))
 
 
 def _breakdown(gpu: str, path: str) -> list[str]:

@@ -72,41 +72,28 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     return _gpu_budget.run_protocol(item)
 
 
-@pytest.hookimpl(wrapper=True)
+# Old-style hook wrappers (hookwrapper=True): an auto-loaded plugin must load
+# under every pytest and pluggy a project may have.
+
+
+@pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_setup(item: pytest.Item) -> Generator[None, None, None]:
     spec = _gpu_budget.child_spec(item)
-    if spec is None:
-        return (yield)
-    _gpu_budget.start_recording(item, spec)
-    try:
-        return (yield)
-    except BaseException as e:
-        _gpu_budget.stop_recording(item, f"exception: {type(e).__name__}")
-        raise
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
-    spec = _gpu_budget.child_spec(item)
-    if spec is None:
-        return (yield)
-    result = error = None
-    try:
-        result = yield
-    except BaseException as e:
-        error = e
-    message = _gpu_budget.verdict(item, spec, error)
-    if message is not None:
-        pytest.fail(message, pytrace=False)  # outside the except: an OOM's traceback would only repeat it
-    if error is not None:
-        raise error
-    return result
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
-    report = yield
-    spec = _gpu_budget.child_spec(item)
     if spec is not None:
-        _gpu_budget.write_report(item.config, report, spec)  # for the parent, which logs it as its own
-    return report
+        _gpu_budget.start_recording(item, spec)
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, None]:
+    outcome = yield
+    spec = _gpu_budget.child_spec(item)
+    if spec is None:
+        return
+    report = outcome.get_result()
+    if call.when == "setup" and not report.passed:
+        _gpu_budget.stop_recording(item, "setup did not pass")
+    elif call.when == "call":
+        # The call's verdict, as pytest-memray's limit_memory gives its own.
+        _gpu_budget.judge(item, spec, call.excinfo.value if call.excinfo else None, report)
+    _gpu_budget.write_report(item.config, report, spec)  # for the parent, which logs it as its own
