@@ -30,6 +30,8 @@ from typing import Any
 import pytest
 
 from . import vgpu
+from ._autostart import ENV_OPTIONS, ENV_OUTPUT
+from ._metadata import ENV_FIT
 from ._units import format_bytes, parse_bytes
 
 ENV_CHILD = "ALLOCSCOPE_GPU_MEMORY_CHILD"  # JSON: what the child runs, where it writes, the budget
@@ -141,7 +143,8 @@ def _run_child(item: pytest.Item, budget: Budget) -> list[Any]:
     capture = os.path.join(workdir, "test.alsc")
     spec = {"nodeid_tail": item.nodeid.partition("::")[2], "reports": reports_path, "capture": capture,
             **dataclasses.asdict(budget)}
-    base = {k: v for k, v in os.environ.items() if not k.startswith("ALLOCSCOPE_RUN_")}  # not allocscope run's
+    # Not the settings of an `allocscope run` or `fit` the suite itself runs under.
+    base = {k: v for k, v in os.environ.items() if k not in (ENV_OUTPUT, ENV_OPTIONS, ENV_FIT)}
     env = vgpu.environment(budget.gpu, memory=budget.memory, base=base) | {ENV_CHILD: json.dumps(spec)}
     proc = subprocess.run(_child_command(item), cwd=config.invocation_params.dir, env=env,
                           stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace")

@@ -64,6 +64,18 @@ def _optimizer_state_per_parameter(optimizer: Any) -> float | None:
     return None
 
 
+def _check_optimizer(optimizer: Any) -> None:
+    import torch
+
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer, not {type(optimizer).__name__}")
+
+
+def _optimizer_summary(optimizer: Any) -> dict[str, Any]:
+    """The WATCH event's `optimizer`: what the textbook estimate needs of it."""
+    return {"type": type(optimizer).__name__, "state_per_parameter": _optimizer_state_per_parameter(optimizer)}
+
+
 def _tensors(value: Any) -> Iterator[tuple[str, Any]]:
     """(path, tensor) for every tensor in nested tuples, lists and dicts."""
     import torch
@@ -132,8 +144,8 @@ class Watch:
 
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"watch() needs a torch.nn.Module, not {type(model).__name__}")
-        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(f"optimizer must be a torch.optim.Optimizer, not {type(optimizer).__name__}")
+        if optimizer is not None:
+            _check_optimizer(optimizer)  # before any hook is registered
         self.name = name or type(model).__name__
         self._annotate = native().annotate  # (kind, label, addr, size, with_stack); False when not recording
         # The recorder writes backward scopes itself when it records ops.
@@ -183,11 +195,12 @@ class Watch:
         watch: its state is labelled and its steps are the optimizer phase
         from its next step (or from this one, when called from a step
         pre-hook)."""
+        _check_optimizer(optimizer)
         if self._removed or any(o is optimizer for o in self._optimizers):
             return
         self._attach(optimizer)
-        opt = self._summary(self.model, optimizer)["optimizer"] if self.model is not None else None
-        self._emit(EventKind.WATCH, json.dumps({"name": self.name, "update": True, "optimizer": opt}, sort_keys=True))
+        self._emit(EventKind.WATCH, json.dumps({"name": self.name, "update": True,
+                                                "optimizer": _optimizer_summary(optimizer)}, sort_keys=True))
 
     def owns_any(self, parameter_ids: set[int]) -> bool:
         """Whether any of these parameters (by id) is one of the model's."""
@@ -234,10 +247,6 @@ class Watch:
         return f"{self.name}.{fqn}" if fqn else self.name
 
     def _attach(self, optimizer: Any) -> None:
-        import torch
-
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(f"optimizer must be a torch.optim.Optimizer, not {type(optimizer).__name__}")
         self._optimizers.append(optimizer)
         self._handles.append(optimizer.register_step_pre_hook(self._optimizer_pre))
         self._handles.append(optimizer.register_step_post_hook(self._optimizer_post))
@@ -261,10 +270,7 @@ class Watch:
             if s is not None and s[0] not in seen:
                 seen.add(s[0])
                 buffers += s[1]
-        opt = None
-        if optimizer is not None:
-            opt = {"type": type(optimizer).__name__,
-                   "state_per_parameter": _optimizer_state_per_parameter(optimizer)}
+        opt = None if optimizer is None else _optimizer_summary(optimizer)
         # Each module's class, so that reports can say "Sequential.5 (Conv2d)".
         classes = {self._qualify(fqn): type(m).__name__ for fqn, m in model.named_modules()}
         return {"name": self.name, "parameters": total, "trainable": trainable, "buffers": buffers,

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import json
 from typing import Any
 
@@ -107,7 +108,7 @@ class Attribution:
     def name(self, index: int) -> str:
         return self.names[index] if index >= 0 else ""
 
-    @property
+    @functools.cached_property
     def module_classes(self) -> dict[str, str]:
         """{module name: its class name} from the watches (captures made
         before watches recorded classes have none)."""
@@ -429,9 +430,11 @@ def attribute(cap: Capture, block_sizes: np.ndarray | None = None) -> Attributio
         blocks_exact=blocks_exact)
 
 
-def module_label(name: str, classes: dict[str, str]) -> str:
-    """A module's name with its class where the name does not say it:
-    "Sequential.5 (Conv2d)", "encoder.layers.0 (TransformerBlock)", but
-    "GPT" for a model watched under its class name."""
+def module_label(name: str, classes: dict[str, str], shown: str | None = None) -> str:
+    """A module's name (or `shown`, a part of it: a tree's node) with its
+    class where the name does not say it: "Sequential.5 (Conv2d)",
+    "encoder.layers.0 (TransformerBlock)", but "GPT" for a model watched
+    under its class name."""
     cls = classes.get(name)
-    return f"{name} ({cls})" if cls and name.rsplit(".", 1)[-1] != cls else name
+    shown = name if shown is None else shown
+    return f"{shown} ({cls})" if cls and name.rsplit(".", 1)[-1] != cls else shown

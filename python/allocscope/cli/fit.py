@@ -23,8 +23,8 @@ it fits: the peaks of allocated and reserved memory, the headroom (the card's
 memory less the reserved peak and what the CUDA context and libraries use),
 what filled memory at the peak (categories and modules: the script's models
 and optimizers are watched for it; source lines always) and, where it ran
-out, the post-mortem. A command that fails for another reason is reported as such,
-not as out of memory. The captures are kept in --output-dir (one per card),
+out, the post-mortem. A command that fails for another reason is reported as
+such, not as out of memory. The captures are kept in --output-dir (one per card),
 for `allocscope report`, `html` and `simulate`.
 
 With --search NAME=LOW..HIGH, finds on each card the largest value of an

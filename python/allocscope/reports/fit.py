@@ -140,7 +140,7 @@ def _peak_lines(c: dict[str, Any], top: int) -> list[str]:
         lines.append("    by module: " + ", ".join(f"{module_label(k, classes)} {format_bytes(v)}"
                                                     for k, v in c["peak"]["by_module"].items()))
     else:
-        lines.append("    no model was watched: categories and modules need allocscope.watch(model, optimizer) in the code")
+        lines.append("    no model was watched (no torch.nn.Module with parameters ran): no categories or modules, only source lines")
     for s in c["peak"]["sites"]:
         lines.append(f"    {format_bytes(s['live_bytes']):>11}  {s['site']}")
     est = c.get("estimate")

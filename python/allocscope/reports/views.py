@@ -208,8 +208,7 @@ def module_tree(att: Attribution, e: int, *, min_fraction: float = 0.001) -> dic
         name = att.name(mod)
         parts = name.split(".") if name else [_NO_MODULE]
         # Each node with its module's class where known: "5 (Conv2d)".
-        path = [module_label(part, {part: classes[full]}) if full in classes else part
-                for part, full in zip(parts, (".".join(parts[:i + 1]) for i in range(len(parts))), strict=True)]
+        path = [module_label(".".join(parts[:i + 1]), classes, part) for i, part in enumerate(parts)]
         tree.add(path + [CATEGORIES[cat]], cat, size)
     return tree.to_json(min_fraction)
 
