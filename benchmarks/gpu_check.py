@@ -7,15 +7,22 @@ On a machine with a GPU and torch preinstalled (allocscope built in place):
      context's real share of device memory (used before the first tensor,
      and after a cuBLAS matmul): what the virtual GPU's presets and its
      context default (docs/vgpu.md) are to be checked against;
-  2. pytest.log, pytest.xml: the whole suite on the GPU, the `cuda` and
-     `gpu_hardware` tests included;
+  2. pytest.log, pytest.xml: the `cuda` and `gpu_hardware` tests on the GPU
+     (--all-tests: the whole suite; the CPU tests tell nothing new on a card,
+     and the whole suite does not end within one device call), one line per
+     test so that a run cut at the deadline still names what failed;
   3. step_gpu.json: benchmarks/bench_step.py on the GPU;
   4. fixtures/real/*.alsc, fixtures/virtual/*.alsc, fixtures.json: the CUDA
      fixtures (tests/data/make_fixtures.py) recorded on the GPU, and on the
      virtual GPU of the same model, memory and context, with the same torch;
      compared: peak reserved and requested bytes, the segment events (kind and
      size, in order), OOMs;
-  5. summary.json: what ran, how long, its exit status.
+  5. exceptions_real.log, exceptions_virtual.log: benchmarks/probe_exceptions.py
+     on the card and on the virtual GPU (which exceptions reach Python intact,
+     per thread);
+  6. fit.json: benchmarks/bench_fit.py --physical on two workloads (the dry
+     run on the virtual GPU against the same workload on the card);
+  7. summary.json: what ran, how long, its exit status.
 Each step runs in its own process with a time limit; a failing step does not
 stop the others. --deadline (a Unix time) cuts every step's limit so that the
 whole check ends by then, the suite last (it is the longest), and summary.json
@@ -134,6 +141,7 @@ def main() -> int:
     parser.add_argument("--virtual", action="store_true", help="no GPU here: the real side runs on a virtual GPU")
     parser.add_argument("--skip-tests", action="store_true", help="leave out the test suite")
     parser.add_argument("--only-tests", action="store_true", help="the machine and the test suite alone")
+    parser.add_argument("--all-tests", action="store_true", help="the whole suite, not only the GPU tests")
     parser.add_argument("--deadline", type=float, help="Unix time by which every step has ended")
     args = parser.parse_args()
     global DEADLINE
@@ -174,10 +182,13 @@ def main() -> int:
     else:
         comparison = {}
 
-    # the suite, on the GPU, last: it is the longest, and the others tell more per second
+    # the tests, on the GPU, last: they are the longest, and the others tell more per second
     if not args.skip_tests:
-        extra = ["--vgpu", "H100-80GB", "-m", "cuda"] if args.virtual else []
-        step(summary, "pytest", [python, "-m", "pytest", "-q", "tests", "-p", "no:cacheprovider", "--tb=short",
+        if args.virtual:
+            extra = ["--vgpu", "H100-80GB", "-m", "cuda"]
+        else:
+            extra = [] if args.all_tests else ["-m", "cuda or gpu_hardware"]
+        step(summary, "pytest", [python, "-m", "pytest", "-v", "tests", "-p", "no:cacheprovider", "--tb=short",
                                  f"--junitxml={os.path.join(out, 'pytest.xml')}", *extra], out, 1200, real_env)
         write_summary()
 
@@ -217,9 +228,21 @@ def measure(summary: list, out: str, python: str, real_env: dict, machine: dict,
         json.dump(comparison, f, indent=2)
     write_summary()
 
+    # which exceptions arrive intact: on the card, and on the virtual GPU of this machine
+    step(summary, "exceptions_real", [python, "benchmarks/probe_exceptions.py"], out, 120, real_env)
+    step(summary, "exceptions_virtual", [python, "benchmarks/probe_exceptions.py"], out, 120, virtual_env)
+    write_summary()
+
     step(summary, "bench_step", [python, "benchmarks/bench_step.py", "--out", os.path.join(out, "step_gpu.json")],
          out, 900, real_env)
     write_summary()
+
+    # will it fit: the dry run against the card, on a convolution net (cuDNN, off on the virtual GPU) and on
+    # activation checkpointing (whose dry run broke on this machine's virtual GPU on 2026-11-23)
+    if not virtual:
+        step(summary, "fit", [python, "benchmarks/bench_fit.py", "--impl", "plain", "--physical", "--only",
+                              "resnet50,gpt2-checkpoint", "--out", os.path.join(out, "fit.json")], out, 300, real_env)
+        write_summary()
 
     return comparison
 
