@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import warnings
 import weakref
 from typing import Any, Callable
 
@@ -27,15 +28,21 @@ from ._phases import Phases
 
 __all__ = ["AutoWatch"]
 
+_COMPILE_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks"
+
 
 class AutoWatch:
     def __init__(self, watch: Callable[..., Any], watches: Callable[[], list[Any]]):
         """watch(model) makes a Watch; watches() lists the recording's
         watches (the script's own included)."""
+        import torch
         from torch.nn.modules import module as nn_module
         from torch.optim.optimizer import register_optimizer_step_pre_hook
 
         self._watch, self._watches = watch, watches
+        # Inside a torch.compile'd region the hooks do nothing: traced into
+        # its graph, they would break it (Watch's module hooks do the same).
+        self._compiling = torch.compiler.is_compiling
         self._local = threading.local()  # per thread: how deep in module calls
         # Keyed by the objects, not their ids: an id is reused once its object is gone.
         self._models: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()  # model -> Watch or None
@@ -45,13 +52,25 @@ class AutoWatch:
             nn_module.register_module_forward_hook(self._post, always_call=True),
             register_optimizer_step_pre_hook(self._step),
         ]
+        # torch warns, when a compiled model is called, that global module
+        # hooks fire for its wrapper too: these hooks are allocscope's, and
+        # they know (the wrapper holds the model: _covered).
+        warnings.filterwarnings("ignore", _COMPILE_WARNING, UserWarning)
+        self._filter = warnings.filters[0]
 
     def remove(self) -> None:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        if self._filter in warnings.filters:
+            warnings.filters.remove(self._filter)
+            # What filterwarnings itself calls, so that decisions cached under the filter are dropped (private:
+            # where it is missing, the warning stays off where it was already ignored).
+            getattr(warnings, "_filters_mutated", lambda: None)()
 
     def _pre(self, module: Any, args: Any) -> None:
+        if self._compiling():
+            return
         depth = getattr(self._local, "depth", 0)
         self._local.depth = depth + 1
         if depth or module in self._models or Phases.in_backward:
@@ -76,6 +95,8 @@ class AutoWatch:
         self.remove()
 
     def _post(self, module: Any, args: Any, output: Any) -> None:
+        if self._compiling():
+            return
         self._local.depth = max(getattr(self._local, "depth", 1) - 1, 0)
 
     def _step(self, optimizer: Any, args: Any, kwargs: Any) -> None:

@@ -338,6 +338,7 @@ class Watch:
 
         flags = _LEAF if leaf else 0
         grad_enabled = torch.is_grad_enabled
+        is_compiling = torch.compiler.is_compiling
         annotate = self._annotate
         node_hooks = self._node_hooks
 
@@ -348,6 +349,16 @@ class Watch:
             annotate(_EXIT, name, flags | _BACKWARD, 0, False)
 
         def pre(module: Any, args: Any) -> None:
+            if is_compiling():
+                # torch.compile traces module hooks into its graph: the
+                # annotations (calls into allocscope's C extension) would
+                # break it into pieces and change what it allocates. Inside
+                # a compiled region the hooks do nothing, except the root's,
+                # which runs outside the graph (one break, before its first
+                # op): the forward still begins and ends.
+                if root:
+                    pre_outside_graph(module, args)
+                return
             local = self._local
             stack = getattr(local, "modules", None)
             if stack is None:
@@ -363,6 +374,10 @@ class Watch:
                     node.register_prehook(backward_done)
 
         def post(module: Any, args: Any, output: Any) -> None:
+            if is_compiling():
+                if root:
+                    post_outside_graph(module, args, output)
+                return
             stack = getattr(self._local, "modules", None)
             if stack and stack[-1] == name:
                 stack.pop()
@@ -375,6 +390,7 @@ class Watch:
                 for node in _grad_nodes(output):
                     node.register_prehook(backward_begins)
 
+        pre_outside_graph, post_outside_graph = torch.compiler.disable(pre), torch.compiler.disable(post)
         return pre, post
 
     def _begin_forward(self, model: Any, args: Any) -> None:
