@@ -195,6 +195,26 @@ def test_a_model_the_script_does_not_watch_is_watched_for_it(tmp_path):
     assert card["estimate"]["theory"]["optimizer_state"] == 2 * params  # AdamW, found at its first step
     assert card["peak"]["by_category"]["parameter"] == params
     assert card["peak"]["module_classes"]["Sequential.0"] == "Linear"
+    assert card["caveats"] == []  # linear layers: nothing the virtual GPU leaves out
+
+
+CONV = """\
+import torch
+conv = torch.nn.Conv2d(3, 8, 3).cuda()
+conv(torch.randn(2, 3, 32, 32, device="cuda")).sum().backward()
+"""
+
+
+def test_convolutions_come_with_the_cudnn_caveat(tmp_path):
+    # the virtual GPU has no cuDNN: a convolution net's dry run says so
+    path = tmp_path / "conv.py"
+    path.write_text(CONV)
+    result = fit(tmp_path, "--gpu", "L4-24GB", "--json", "--", str(path))
+    assert result.returncode == 0, result.stderr
+    (caveat,) = json.loads(result.stdout)["cards"][0]["caveats"]
+    assert "no cuDNN" in caveat
+    text = fit(tmp_path, "--gpu", "L4-24GB", "-f", "--", str(path)).stdout
+    assert f"caveat: {caveat}" in text
 
 
 def test_a_command_that_never_uses_cuda_has_no_verdict_on_memory(tmp_path):

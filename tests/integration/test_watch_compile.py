@@ -14,6 +14,7 @@ from torch import nn
 
 import allocscope
 from allocscope.attribution import attribute, moment
+from allocscope.reports import build_report
 from allocscope.reports.report import find_mark
 
 pytestmark = pytest.mark.cuda
@@ -79,3 +80,5 @@ def test_a_compiled_model_is_watched_without_breaking_its_graph(tmp_path):
         assert at.by_category["optimizer_state"] == 2 * params, mode  # Adam's two moments, from step 0
         # What autograd saved for backward is still named (through the compiled function's saved tensors).
         assert at.by_category["activation"] >= 3 * 64 * 512 * 4, mode
+        # The textbook's activations are layer outputs, which the compiled graph hides: it says so.
+        (note,) = [n for n in build_report(cap)["theory"]["notes"] if "no layer outputs" in n]

@@ -91,6 +91,9 @@ def theory(att: Attribution, e: int) -> dict[str, Any]:
     span = _forward_at(att, e)
     if span is not None:
         first, end, activations = span
+        if not activations:
+            notes.append("no layer outputs were seen in this forward (a torch.compile'd model's layers run inside "
+                         "its graph, where the watch's hooks do nothing): the estimate's activations are 0")
         ev = att.capture.events
         idx = np.flatnonzero(ev.kind == EventKind.INPUT)
         idx = idx[(idx >= first) & (idx < end)]

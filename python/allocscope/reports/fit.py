@@ -18,15 +18,18 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import numpy as np
+
 from .._format import EventKind
 from .._units import format_bytes
 from ..allocator.segments import outside_allocator
 from ..attribution.categories import module_label
+from ..attribution.ops import op_names
 from ..reader import Capture
 from .report import build_report, oom_lines, waterfall_lines
 from .text import table
 
-__all__ = ["FIT_SCHEMA", "SearchFailed", "card_lines", "card_result", "fit_document", "render_fit", "render_search",
+__all__ = ["FIT_SCHEMA", "SearchFailed", "card_lines", "card_result", "caveats", "fit_document", "render_fit", "render_search",
            "search_document", "search_largest"]
 
 FIT_SCHEMA = "allocscope.fit/1"
@@ -82,7 +85,28 @@ def card_result(gpu: str, status: int, cap: Capture | None, *, capture_path: str
     if "oom" in r:
         out["oom"] = r["oom"]
     out["warnings"] = r["warnings"]
+    out["caveats"] = caveats(cap)
     return out
+
+
+# Ops through which torch calls cuDNN on a card (and its native kernels on the
+# virtual GPU, which has no cuDNN).
+_CUDNN_OPS = frozenset({"aten::convolution", "aten::_convolution", "aten::conv_transpose2d",
+                        "aten::conv_transpose3d", "aten::convolution_backward"})
+
+
+def caveats(cap: Capture) -> list[str]:
+    """Where a dry run on the virtual GPU is known to differ from the card:
+    what the capture ran that the virtual card does not model."""
+    if not cap.metadata.get("virtual_gpu"):
+        return []
+    ev = cap.events
+    ops = np.unique(ev.op[(ev.kind == EventKind.ALLOC) & (ev.op != 0)])
+    if any(_CUDNN_OPS.intersection(name.chain) for name in op_names(cap, ops).values()):
+        return ["convolutions ran on torch's native kernels: the virtual GPU has no cuDNN, whose workspaces "
+                "and algorithms reserve more on a card (ResNet-50 on an H100: 10.9% more than its dry run; "
+                "docs/fit.md)"]
+    return []
 
 
 def fit_document(command: list[str], cards: list[dict[str, Any]]) -> dict[str, Any]:
@@ -126,6 +150,7 @@ def card_lines(c: dict[str, Any], top: int = 5) -> list[str]:
         lines.append(f"  the command failed (exit status {c['exit_status']}) without running out of memory: "
                      "its verdict says nothing about memory")
     lines += ["  " + line if line else line for line in oom_lines(c.get("oom"), top)]
+    lines += [f"  caveat: {text}" for text in c.get("caveats", [])]
     if c.get("capture"):
         lines.append(f"  capture: {c['capture']} (allocscope report / html / simulate)")
     return lines
