@@ -141,6 +141,31 @@ def test_search_finds_the_largest_value_that_fits_in_fewer_runs(tmp_path, script
     assert json.loads(result.stdout)["cards"][0]["largest"] == expected
 
 
+def test_a_smaller_card_of_the_same_chip_is_searched_by_replays(tmp_path, script):
+    # A100 80 GB and 40 GB: the same chip, so the 80 GB card's runs, replayed with 40 GB, answer those
+    # values on the 40 GB card; its own runs go to what they leave open: here only its answer.
+    result = fit(tmp_path, "--gpu", "A100-40GB", "--gpu", "A100-80GB", "--search", "GIB=20..70", "--json", "--",
+                 script, "{GIB}")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    small, large = doc["cards"]  # in the order asked
+    assert (small["gpu"], large["gpu"]) == ("A100-40GB", "A100-80GB")
+    assert large["replayed"] == [] and small["replayed"] and small["confirmed"]
+    assert large["runs"] <= 6  # at most bisection's ceil(log2(51 + 2)): the memory measured guides it
+    assert small["runs"] <= 2 and sorted(small["tried"]) == [small["largest"], small["largest"] + 1]
+    # The answer is the real allocator's: the largest value fits on the card, the next does not.
+    for value, fits in ((small["largest"], True), (small["largest"] + 1, False)):
+        r = subprocess.run([sys.executable, "-m", "allocscope", "run", "--gpu", "A100-40GB", "--no-record", "--",
+                            script, str(value)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                           env=dict(os.environ, FIT_TRUTH=str(tmp_path / "t.jsonl")))
+        assert (r.returncode == 0) == fits, (value, r.stderr[-500:])
+    from allocscope.reports.fit import render_search
+
+    text = render_search(doc)
+    assert f"{small['runs']} (+{len(small['replayed'])} replayed)" in text
+    assert "Replayed: values answered by replaying" in text
+
+
 def test_a_search_stops_where_the_command_fails_otherwise(tmp_path, script):
     result = fit(tmp_path, "--gpu", "L4-24GB", "--search", "GIB=1..4", "--", script, "{GIB}", "boom")
     assert result.returncode == 2 and "failed (exit status 1) without running out of memory" in result.stderr

@@ -29,8 +29,13 @@ for `allocscope report`, `html` and `simulate`.
 
 With --search NAME=LOW..HIGH, finds on each card the largest value of an
 integer parameter (batch size, sequence length, layers, ...) at which the
-command fits, by bisection: about log2(HIGH - LOW) runs, taking a value that
-fits to fit below it too. The value reaches the command through {NAME} in
+command fits, taking a value that fits to fit below it too: each run is made
+where the memory measured so far (the headroom of a run that fit, the
+shortfall of one that ran out) puts the boundary, or at the middle of what is
+left, so at most about 2 log2(HIGH - LOW) runs and often 3 or 4. A card
+searched after a larger one of the same chip (A100-40GB after A100-80GB)
+starts from replays of that card's runs with its own memory
+(`allocscope simulate --limit`), and runs only what they leave open. The value reaches the command through {NAME} in
 its arguments and the environment variable NAME. It reports the largest
 value with its peak and headroom, and the next value with its peak and
 shortfall. A run that fails for another reason stops the search.
@@ -88,6 +93,7 @@ class _Runs:
         self.search = args.search
         self.quiet_stdout = args.json  # the command's output must not mix with the JSON
         self.directory = os.path.abspath(args.output_dir)
+        self.ran: dict[tuple[str, int], dict[str, Any]] = {}  # (gpu, value) -> card result, for predictions
 
     def path(self, gpu: str, value: int | None = None) -> str:
         suffix = "" if value is None else f".{self.search[0]}={value}"
@@ -121,7 +127,68 @@ class _Runs:
         cap = load(written[0], salvage=True) if written else None
         card = card_result(gpu, status, cap, capture_path=os.path.relpath(written[0]) if written else None,
                            top=self.top)
-        return card if value is None else {"value": value, **card}
+        if value is None:
+            return card
+        self.ran[(gpu, value)] = card
+        return {"value": value, **card}
+
+    def replayed(self, gpu: str, searched: list[str]) -> dict[int, dict[str, Any]]:
+        """For --search: this card's results foreseen from the runs made on
+        larger cards of the same chip (searched already): a value that ran
+        out of memory there runs out here; one that fit is replayed with
+        this card's memory (the same requests in the same order: torch sees
+        the same device but for its memory)."""
+        from .. import load
+        from ..allocator.config import recorded_config
+        from ..allocator.replay import replay
+        from ..reports.allocator import shortfall
+
+        mine = _single_preset(gpu)
+        if mine is None:
+            return {}
+        larger = sorted((p.total_memory, g) for g in searched
+                        if (p := _single_preset(g)) is not None and _same_chip(p, mine)
+                        and p.total_memory > mine.total_memory)
+        known: dict[int, dict[str, Any]] = {}
+        for _, other in reversed(larger):  # the closest in memory last: its replays win
+            for (g, value), card in self.ran.items():
+                if g != other:
+                    continue
+                if card["verdict"] == "out of memory":  # less memory runs out too
+                    known[value] = {"value": value, "verdict": "out of memory", "replayed_from": card["capture"]}
+                elif card["verdict"] == "fits" and card.get("capture"):
+                    cap = load(card["capture"])
+                    rep = replay(cap, recorded_config(cap.baseline("start"), cap.metadata), limit=mine.total_memory)
+                    outside = card.get("outside_allocator_bytes") or 0
+                    known[value] = {"value": value, "verdict": "out of memory" if rep.ooms else "fits",
+                                    "peak_reserved_bytes": rep.peak_reserved, "replayed_from": card["capture"],
+                                    "headroom_bytes": None if rep.ooms else
+                                    mine.total_memory - rep.peak_reserved - outside,
+                                    "shortfall_bytes": shortfall(rep.ooms[0], rep.config) if rep.ooms else None}
+        if known:
+            print(f"allocscope fit: {len(known)} values on a virtual {gpu} foreseen from runs on "
+                  f"{', '.join(g for _, g in larger)}", file=sys.stderr)
+        return known
+
+
+def _memory(gpu: str) -> int:
+    from .. import vgpu
+
+    return sum(p.total_memory for p in vgpu.parse_gpus(gpu))
+
+
+def _single_preset(gpu: str) -> Any:
+    from .. import vgpu
+
+    presets = vgpu.parse_gpus(gpu)
+    return presets[0] if len(presets) == 1 else None
+
+
+def _same_chip(a: Any, b: Any) -> bool:
+    """Whether torch sees the same device but for its memory (and name):
+    the same program then asks for the same memory, in the same order."""
+    return (a.major, a.minor, a.multi_processor_count, a.l2_cache_size) == (b.major, b.minor, b.multi_processor_count,
+                                                                           b.l2_cache_size)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -144,11 +211,15 @@ def run(args: argparse.Namespace) -> int:
         os.remove(path)
     if args.search:
         name, low, high = args.search
+        # Larger cards first: replays of their runs then narrow a smaller card's search (same chip).
+        found: dict[str, dict[str, Any]] = {}
         try:
-            found = [{"gpu": gpu, **search_largest(low, high, lambda v, gpu=gpu: runs.run(gpu, v))} for gpu in gpus]
+            for gpu in sorted(gpus, key=lambda g: -_memory(g)):
+                found[gpu] = {"gpu": gpu, **search_largest(low, high, lambda v, gpu=gpu: runs.run(gpu, v),
+                                                            runs.replayed(gpu, list(found)))}
         except SearchFailed as e:
             raise ValueError(str(e)) from None
-        doc = search_document(cmd, name, low, high, found)
+        doc = search_document(cmd, name, low, high, [found[gpu] for gpu in gpus])
         text = render_search(doc)
     else:
         doc = fit_document(cmd, [runs.run(gpu) for gpu in gpus])

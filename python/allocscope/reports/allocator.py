@@ -11,7 +11,8 @@ import numpy as np
 
 from .._format import EventKind
 from ..allocator.fragmentation import figures, fragmented_segments, stranded
-from ..allocator.replay import Replay, replay
+from ..allocator.config import AllocatorConfig
+from ..allocator.replay import OomRecord, Replay, replay
 from ..allocator.segments import SegmentInfo
 from ..allocator.sizes import allocation_size
 from ..allocator.whatif import candidates
@@ -20,7 +21,18 @@ from ..attribution.timeline import bucket_peaks, moment
 from ..reader import Capture
 from ..stacks import site
 
-__all__ = ["allocator_section", "block_rows", "oom_section", "pinning_blocks"]
+__all__ = ["allocator_section", "block_rows", "oom_section", "pinning_blocks", "shortfall"]
+
+
+def shortfall(o: OomRecord, config: AllocatorConfig) -> int | None:
+    """Device memory a failing request was short of, after torch had
+    released every cached block it could (None: no limit known)."""
+    limit_bytes = o.allowed if o.allowed is not None else o.capacity
+    if limit_bytes is None:
+        return None
+    if not o.recorded:  # a what-if failure: the replay went on as if served, and its state has the new segment
+        return max(0, o.reserved - limit_bytes)
+    return max(0, o.reserved + allocation_size(o.rounded, config.large_segment_size) - limit_bytes)
 
 
 def _downsample(values: np.ndarray, points: int) -> list[int]:
@@ -135,12 +147,9 @@ def oom_section(cap: Capture, att: Attribution | None, rep: Replay, *, top: int 
     if att is not None:
         m = moment(att, e, None, top)
         out["filled_by"] = {"categories": m.by_category, "modules": dict(list(m.by_module.items())[:top])}
-    limit_bytes = o.allowed if o.allowed is not None else o.capacity
-    if limit_bytes is not None:
-        alloc = allocation_size(o.rounded, rep.config.large_segment_size)
-        # Device memory the failing request was short of, after torch had
-        # released every cached block it could.
-        out["shortfall"] = max(0, o.reserved + alloc - limit_bytes)
+    short = shortfall(o, rep.config)
+    if short is not None:
+        out["shortfall"] = short
     if try_settings:
         tried = []
         for text, cfg in candidates(cap)[1:]:
