@@ -390,7 +390,8 @@ class Watch:
                 for node in _grad_nodes(output):
                     node.register_prehook(backward_begins)
 
-        pre_outside_graph, post_outside_graph = torch.compiler.disable(pre), torch.compiler.disable(post)
+        if root:  # (only the root's run outside a graph: one wrapper, not one per module)
+            pre_outside_graph, post_outside_graph = torch.compiler.disable(pre), torch.compiler.disable(post)
         return pre, post
 
     def _begin_forward(self, model: Any, args: Any) -> None:
