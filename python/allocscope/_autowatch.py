@@ -41,8 +41,13 @@ class AutoWatch:
 
         self._watch, self._watches = watch, watches
         # Inside a torch.compile'd region the hooks do nothing: traced into
-        # its graph, they would break it (Watch's module hooks do the same).
+        # its graph, they would break it (Watch's module hooks do the same),
+        # except on a model compiled in place (module.compile()), whose own
+        # call is the compiled region: its hooks run outside the graph (one
+        # break, before its first op), or it would never be watched.
         self._compiling = torch.compiler.is_compiling
+        self._pre_outside_graph = torch.compiler.disable(self._pre)
+        self._post_outside_graph = torch.compiler.disable(self._post)
         self._local = threading.local()  # per thread: how deep in module calls
         # Keyed by the objects, not their ids: an id is reused once its object is gone.
         self._models: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()  # model -> Watch or None
@@ -70,6 +75,8 @@ class AutoWatch:
 
     def _pre(self, module: Any, args: Any) -> None:
         if self._compiling():
+            if getattr(module, "_compiled_call_impl", None) is not None:
+                self._pre_outside_graph(module, args)
             return
         depth = getattr(self._local, "depth", 0)
         self._local.depth = depth + 1
@@ -96,6 +103,8 @@ class AutoWatch:
 
     def _post(self, module: Any, args: Any, output: Any) -> None:
         if self._compiling():
+            if getattr(module, "_compiled_call_impl", None) is not None:
+                self._post_outside_graph(module, args, output)
             return
         self._local.depth = max(getattr(self._local, "depth", 1) - 1, 0)
 

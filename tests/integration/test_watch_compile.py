@@ -31,7 +31,7 @@ class Net(nn.Module):
         return self.head(self.blocks(x))
 
 
-def _run(path, mode: str) -> tuple[int, list[int]]:
+def _run(path, mode: str, style: str = "wrapper") -> tuple[int, list[int]]:
     """Two training steps of a compiled Net; the number of graphs compiled
     and the sizes the program allocated, in order."""
     from torch._dynamo.backends.registry import lookup_backend
@@ -51,7 +51,11 @@ def _run(path, mode: str) -> tuple[int, list[int]]:
             rec.auto_watch()
         elif mode == "explicit":  # watched, then compiled: the watched model runs inside the compiled region
             rec.watch(model, opt)
-        compiled = torch.compile(model, backend=counting)
+        if style == "wrapper":
+            compiled = torch.compile(model, backend=counting)
+        else:  # compiled in place: the model's own call is the compiled region
+            compiled = model
+            model.compile(backend=counting)
         for step in range(2):
             loss = compiled(torch.randn(64, 128, device="cuda")).square().mean()
             allocscope.mark(f"forward {step}")
@@ -64,13 +68,14 @@ def _run(path, mode: str) -> tuple[int, list[int]]:
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
-def test_a_compiled_model_is_watched_without_breaking_its_graph(tmp_path):
-    _run(tmp_path / "warm.alsc", "none")  # cuBLAS's workspaces, made once per process, are made now
-    graphs, sizes = _run(tmp_path / "none.alsc", "none")
+@pytest.mark.parametrize("style", ["wrapper", "in_place"])  # torch.compile(model), model.compile()
+def test_a_compiled_model_is_watched_without_breaking_its_graph(tmp_path, style):
+    _run(tmp_path / "warm.alsc", "none", style)  # cuBLAS's workspaces, made once per process, are made now
+    graphs, sizes = _run(tmp_path / "none.alsc", "none", style)
     assert graphs == 1  # (forward and backward from one dynamo graph)
     for mode in ("auto", "explicit"):
         path = tmp_path / f"{mode}.alsc"
-        assert _run(path, mode) == (graphs, sizes), mode  # the same graphs, the same allocations
+        assert _run(path, mode, style) == (graphs, sizes), mode  # the same graphs, the same allocations
         cap = allocscope.load(path)
         att = attribute(cap)
         assert [w["name"] for w in att.watches] and all(w["name"] != "" for w in att.watches)
