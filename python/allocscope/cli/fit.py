@@ -24,8 +24,8 @@ memory less the reserved peak and what the CUDA context and libraries use),
 what filled memory at the peak (categories and modules: the script's models
 and optimizers are watched for it; source lines always) and, where it ran
 out, the post-mortem. A command that fails for another reason is reported as
-such, not as out of memory. The captures are kept in --output-dir (one per card),
-for `allocscope report`, `html` and `simulate`.
+such, not as out of memory. The captures are kept in --output-dir (one per
+card), for `allocscope report`, `html` and `simulate`.
 
 With --search NAME=LOW..HIGH, finds on each card the largest value of an
 integer parameter (batch size, sequence length, layers, ...) at which the
@@ -35,8 +35,9 @@ shortfall of one that ran out) puts the boundary, or at the middle of what is
 left, so at most about 2 log2(HIGH - LOW) runs and often 3 or 4. A card
 searched after a larger one of the same chip (A100-40GB after A100-80GB)
 starts from replays of that card's runs with its own memory
-(`allocscope simulate --limit`), and runs only what they leave open. The value reaches the command through {NAME} in
-its arguments and the environment variable NAME. It reports the largest
+(`allocscope simulate --limit`), and runs only what they leave open. The
+value reaches the command through {NAME} in its arguments and the
+environment variable NAME. It reports the largest
 value with its peak and headroom, and the next value with its peak and
 shortfall. A run that fails for another reason stops the search.
 

@@ -29,8 +29,8 @@ from ..reader import Capture
 from .report import build_report, oom_lines, waterfall_lines
 from .text import table
 
-__all__ = ["FIT_SCHEMA", "SearchFailed", "card_lines", "card_result", "caveats", "fit_document", "render_fit", "render_search",
-           "search_document", "search_largest"]
+__all__ = ["FIT_SCHEMA", "SearchFailed", "card_lines", "card_result", "caveats", "fit_document", "render_fit",
+           "render_search", "search_document", "search_largest"]
 
 FIT_SCHEMA = "allocscope.fit/1"
 
@@ -165,7 +165,8 @@ def _peak_lines(c: dict[str, Any], top: int) -> list[str]:
         lines.append("    by module: " + ", ".join(f"{module_label(k, classes)} {format_bytes(v)}"
                                                     for k, v in c["peak"]["by_module"].items()))
     else:
-        lines.append("    no model was watched (no torch.nn.Module with parameters ran): no categories or modules, only source lines")
+        lines.append("    no model was watched (no torch.nn.Module with parameters ran): no categories or modules, "
+                     "only source lines")
     for s in c["peak"]["sites"]:
         lines.append(f"    {format_bytes(s['live_bytes']):>11}  {s['site']}")
     est = c.get("estimate")
