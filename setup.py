@@ -1,4 +1,5 @@
-"""Builds allocscope and its native core, allocscope._C.
+"""Builds allocscope, its native core (allocscope._C), its analysis loops
+(allocscope._analysis) and the virtual GPU's stand-in CUDA libraries.
 
 Build against the torch it will run with (the allocator interface changes
 between releases): ``pip install --no-build-isolation -e .``.
@@ -135,25 +136,30 @@ def build_vgpu(out_dir: str, work_dir: str) -> bool:
     return True
 
 
-def _extension():
+# What each product is built from: one folder per binary (csrc/recorder/ for
+# _C, csrc/analysis/ for _analysis, csrc/vgpu/ for the stand-in libraries,
+# csrc/testing/ for the test-only extension), and the format they share
+# (csrc/format/). Includes are relative to csrc/.
+_FORMAT_SOURCES = ["csrc/format/chunk.cpp", "csrc/format/columns.cpp"]
+_RECORDER_SOURCES = ["csrc/recorder/" + f for f in ("bindings.cpp", "cpu_allocator.cpp", "ops.cpp", "pystack.cpp",
+                                                    "recorder.cpp", "stacks.cpp", "tables.cpp", "writer.cpp")]
+_RECORDER_CUDA_SOURCES = ["csrc/recorder/cuda_allocator.cpp", "csrc/recorder/cuda_baseline.cpp"]
+_ANALYSIS_SOURCES = ["csrc/analysis/" + f for f in ("bindings.cpp", "decode.cpp", "model.cpp", "pairs.cpp",
+                                                    "recorded.cpp", "replay.cpp", "scopes.cpp", "sizes.cpp")]
+_TESTING_SOURCES = ["csrc/testing/bindings.cpp", "csrc/recorder/pystack.cpp", "csrc/format/columns.cpp"]
+_TESTING_CUDA_SOURCES = ["csrc/testing/fake_cuda.cpp"]
+
+
+def _torch_extension(name: str, sources: list[str], cuda_sources: list[str]):
+    """A C++ extension against the installed torch (c10; c10_cuda where torch
+    is a CUDA build), with CUDA's runtime headers but no .cu sources."""
     import torch
     from torch.utils.cpp_extension import CppExtension, library_paths
 
-    sources = [
-        "csrc/bindings.cpp",
-        "csrc/crc32.cpp",
-        "csrc/cpu_allocator.cpp",
-        "csrc/ops.cpp",
-        "csrc/pystack.cpp",
-        "csrc/recorder.cpp",
-        "csrc/stacks.cpp",
-        "csrc/tables.cpp",
-        "csrc/writer.cpp",
-        "csrc/testing/bindings.cpp",
-    ]
-    include_dirs = [os.path.join(HERE, "csrc")]
+    sources = list(sources)
     libraries = ["c10"]
     define_macros = []
+    include_dirs = [os.path.join(HERE, "csrc")]
     with_cuda = torch.version.cuda is not None
     if os.environ.get("ALLOCSCOPE_NO_CUDA") == "1":
         with_cuda = False
@@ -165,26 +171,38 @@ def _extension():
                 "(cuda_runtime_api.h). Set CUDA_HOME to a CUDA toolkit, or set "
                 "ALLOCSCOPE_NO_CUDA=1 for a CPU-only build."
             )
-        sources += ["csrc/cuda_allocator.cpp", "csrc/cuda_baseline.cpp", "csrc/testing/fake_cuda.cpp"]
+        sources += cuda_sources
         include_dirs.append(cuda_include)
         libraries.append("c10_cuda")
         define_macros.append(("ALLOCSCOPE_WITH_CUDA", "1"))
     opt = os.environ.get("ALLOCSCOPE_OPT", "-O2")
     return CppExtension(
-        name="allocscope._C",
+        name=name,
         sources=sources,
         include_dirs=include_dirs,
         libraries=libraries,
         define_macros=define_macros,
         extra_compile_args=[opt, "-fvisibility=hidden", "-Wall", "-Wextra", "-Wno-unused-parameter"],
-        # So that _C finds torch's libraries even if torch was not imported first.
+        # So that the extension finds torch's libraries even if torch was not imported first.
         extra_link_args=[f"-Wl,-rpath,{p}" for p in library_paths()],
     )
 
 
+def _extension():
+    """allocscope._C: the recorder (allocator wrappers, stacks, the writer)."""
+    return _torch_extension("allocscope._C", _RECORDER_SOURCES + _FORMAT_SOURCES, _RECORDER_CUDA_SOURCES)
+
+
+def testing_extension(name: str):
+    """The test-only harness (a fake CUDA allocator, the stack walker's
+    self-check, the column encoder): built by tests/native/build.py for
+    the tests, never part of the package."""
+    return _torch_extension(name, _TESTING_SOURCES, _TESTING_CUDA_SOURCES)
+
+
 def _analysis_extension():
-    """The analysis' hot loops (csrc/replay*.cpp, scopes.cpp, pairs.cpp, decode.cpp): plain C++
-    and pybind11, no torch, so that analysing a capture never imports torch."""
+    """The analysis' hot loops (csrc/analysis/): plain C++ and pybind11, no
+    torch, so that analysing a capture never imports torch."""
     from setuptools import Extension
 
     try:
@@ -198,8 +216,7 @@ def _analysis_extension():
     opt = os.environ.get("ALLOCSCOPE_OPT", "-O2")
     return Extension(
         name="allocscope._analysis",
-        sources=["csrc/replay.cpp", "csrc/replay_model.cpp", "csrc/scopes.cpp", "csrc/pairs.cpp",
-                 "csrc/decode.cpp", "csrc/analysis_bindings.cpp"],
+        sources=_ANALYSIS_SOURCES,
         include_dirs=[os.path.join(HERE, "csrc"), *pybind_include],
         language="c++",
         extra_compile_args=[opt, "-std=c++17", "-fvisibility=hidden", "-Wall", "-Wextra"],
@@ -220,10 +237,16 @@ def _build_ext_class():
     return BuildExtensionAndVirtualGpu.with_options(use_ninja=True)
 
 
+def _version() -> str:
+    """The package's version, from its one home (python/allocscope/_version.py)."""
+    with open(os.path.join(HERE, "python", "allocscope", "_version.py")) as f:
+        return re.search(r'^__version__ = "([^"]+)"$', f.read(), re.M).group(1)
+
+
 def main() -> None:
     setup(
         name="allocscope",
-        version="0.1.0",
+        version=_version(),
         description="Byte-for-byte attribution of PyTorch GPU memory",
         package_dir={"": "python"},
         packages=find_packages("python"),
@@ -233,7 +256,7 @@ def main() -> None:
         python_requires=">=3.10",
         install_requires=["numpy"],
         entry_points={"console_scripts": ["allocscope = allocscope.cli:main"],
-                      "pytest11": ["allocscope = allocscope.pytest_plugin"]},
+                      "pytest11": ["allocscope = allocscope.harness.pytest_plugin"]},
     )
 
 

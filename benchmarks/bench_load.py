@@ -1,20 +1,23 @@
 """How fast allocscope.load reads large captures; prints JSON.
 
-Records N events for real (allocations and frees from a native thread, so the
-recorder and writer are the real ones) and times loading the file.
+Records N events for real (allocations and frees from a native thread, made
+by the tests' native harness, tests/native/build.py; the recorder and writer
+are the real ones) and times loading the file.
 
     python benchmarks/bench_load.py [--events 10000000 1000000] [--out FILE]
 """
 
 import argparse
 import os
+import sys
 import tempfile
 import time
 
-
 import allocscope
 from _common import emit, environment
-from allocscope._native import native
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.native import allocscope_testing as harness  # noqa: E402  (the tests' native harness: make test builds it)
 
 
 def main():
@@ -28,7 +31,7 @@ def main():
         path = os.path.join(tmp, f"load{n}.alsc")
         t0 = time.perf_counter()
         with allocscope.record(path, device="cpu", stacks="none"):
-            native()._testing.cpu_alloc_from_native_threads(1, n // 2, 64)
+            harness.cpu_alloc_from_native_threads(1, n // 2, 64)
         record_s = time.perf_counter() - t0
         size = os.path.getsize(path)
         best = None

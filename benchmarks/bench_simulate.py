@@ -20,8 +20,8 @@ import time
 
 import allocscope
 from _common import emit, environment
-from allocscope._format import EventKind
-from allocscope.writer import CaptureWriter
+from allocscope.capture.format import EventKind
+from allocscope.capture.writer import CaptureWriter
 from allocscope.allocator.config import AllocatorConfig, parse_alloc_conf
 from allocscope.allocator.replay import replay
 from allocscope.allocator.model import DeviceAllocator

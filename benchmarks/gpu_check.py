@@ -41,7 +41,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-from allocscope._format import FORMAT_VERSION  # noqa: E402
+from allocscope.capture.format import FORMAT_VERSION  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)

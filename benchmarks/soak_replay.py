@@ -103,7 +103,7 @@ def what_if(setting: str, n: int, seed: int, limit: str | None) -> dict:
     such streams are counted as diverged, not compared further."""
     import allocscope
     from allocscope import EventKind, vgpu
-    from allocscope._units import parse_bytes
+    from allocscope.common.units import parse_bytes
     from allocscope.allocator.config import parse_alloc_conf
     from allocscope.allocator.replay import replay
     from tests.support.request_streams import SETTINGS, TorchAborted, Worker

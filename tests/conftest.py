@@ -44,25 +44,36 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def native():
-    from allocscope._native import native as load
+    from allocscope.common.native import native as load
 
     return load()
 
 
+@pytest.fixture(scope="session")
+def harness():
+    """The test-only native harness (csrc/testing/), which make test builds
+    next to the tests (tests/native/build.py); never part of the package."""
+    try:
+        from tests.native import allocscope_testing
+    except ImportError as e:
+        pytest.fail(f"the test-only extension is not built ({e}): python tests/native/build.py")
+    return allocscope_testing
+
+
 @pytest.fixture
-def fake_cuda(native):
+def fake_cuda(native, harness):
     """The test-only fake CUDA allocator installed as the current CUDA allocator."""
     if not native.built_with_cuda():
         pytest.skip("allocscope was built without CUDA support")
     if _cuda_available():
         pytest.skip("a CUDA device is present: the fake would replace its allocator")
-    native._testing.install_fake_cuda()
-    native._testing.fake_set_limit(0)
-    native._testing.fake_set_stream(0)
-    native._testing.fake_empty_cache()
-    native._testing.fake_reset_counters()
-    yield native._testing
-    native._testing.fake_set_limit(0)
+    native.set_cuda_environment(harness.install_fake_cuda())
+    harness.fake_set_limit(0)
+    harness.fake_set_stream(0)
+    harness.fake_empty_cache()
+    harness.fake_reset_counters()
+    yield harness
+    harness.fake_set_limit(0)
 
 
 def run_python(code: str, *args: str, timeout: float = 120, env: dict | None = None,

@@ -1,4 +1,5 @@
-// pybind11 glue for allocscope._C._testing (test-only harness): no logic.
+// pybind11 glue for allocscope_testing, the test-only extension (built for the
+// tests, never installed with allocscope; tests/native/build.py): no logic.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -9,8 +10,8 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/flat_hash_map.h>
 
-#include "../pystack.h"
-#include "../writer.h"
+#include "format/columns.h"
+#include "recorder/pystack.h"
 #ifdef ALLOCSCOPE_WITH_CUDA
 #include "fake_cuda.h"
 #endif
@@ -26,6 +27,8 @@ struct FakeBuffer {
 };
 #endif
 
+namespace {
+
 void register_bindings(py::module_& m) {
   m.def("pystack_self_check", [] {
     std::string why;
@@ -34,7 +37,7 @@ void register_bindings(py::module_& m) {
   });
   m.def("encode_column", [](const std::vector<uint64_t>& values) {
     std::vector<uint8_t> out;
-    encode_column(values, &out);
+    format::encode_column(values, &out);
     return py::bytes(reinterpret_cast<const char*>(out.data()), out.size());
   });
   // Allocations from threads with no Python state at all (like the autograd
@@ -88,7 +91,7 @@ void register_bindings(py::module_& m) {
       .def_readonly("size", &FakeBuffer::size)
       .def("free", [](FakeBuffer& b) { b.ptr.clear(); })
       .def("record_stream", [](FakeBuffer& b, uint64_t stream) { record_stream(b.ptr, stream); });
-  m.def("install_fake_cuda", &install_fake);
+  m.def("install_fake_cuda", [] { return py::capsule(install_fake(), "allocscope.cuda.Environment"); });
   m.def("fake_counters", &counters);
   m.def("fake_reset_counters", &reset_counters);
   m.def("fake_set_limit", &set_limit);
@@ -112,4 +115,11 @@ void register_bindings(py::module_& m) {
 #endif
 }
 
+}  // namespace
+
 }  // namespace allocscope::testing
+
+PYBIND11_MODULE(allocscope_testing, m) {
+  m.doc() = "allocscope's test-only harness: a fake CUDA allocator, the stack walker's self-check, encoders";
+  allocscope::testing::register_bindings(m);
+}

@@ -9,8 +9,8 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "../cuda_allocator.h"
-#include "../torch_version.h"
+#include "recorder/cuda_allocator.h"
+#include "recorder/torch_version.h"
 
 namespace allocscope::testing {
 namespace {
@@ -311,12 +311,13 @@ void fake_delete(void* ptr) {
 
 }  // namespace
 
-void install_fake() {
+const cuda::Environment* install_fake() {
   if (g_fake == nullptr) g_fake = new FakeCUDAAllocator();
-  cuda::set_environment(&kFakeEnvironment);
-  if (cca::allocator.load() == g_fake) return;
-  cca::allocator.store(g_fake);
-  c10::SetAllocator(c10::kCUDA, g_fake, 255);
+  if (cca::allocator.load() != g_fake) {
+    cca::allocator.store(g_fake);
+    c10::SetAllocator(c10::kCUDA, g_fake, 255);
+  }
+  return &kFakeEnvironment;
 }
 
 bool fake_installed() {

@@ -13,6 +13,8 @@
 
 #include <c10/core/Allocator.h>
 
+#include "recorder/cuda_allocator.h"
+
 #include <cstdint>
 #include <map>
 #include <string>
@@ -20,9 +22,10 @@
 
 namespace allocscope::testing {
 
-// Makes the fake the current CUDA allocator (atomic and registry) and points
-// the wrapper's environment at fake devices/streams. Idempotent.
-void install_fake();
+// Makes the fake the current CUDA allocator (atomic and registry). Returns
+// the fake devices and streams the wrapper must read instead of CUDA's
+// (allocscope._C.set_cuda_environment, given it as a capsule). Idempotent.
+const cuda::Environment* install_fake();
 bool fake_installed();
 
 std::map<std::string, int64_t> counters();

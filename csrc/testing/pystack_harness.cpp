@@ -3,7 +3,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-#include "../pystack.h"
+#include "recorder/pystack.h"
 
 using namespace allocscope::pystack;
 

@@ -20,22 +20,12 @@ first use, and reading captures needs neither.
 """
 
 from . import vgpu
-from ._format import EventKind
 from ._version import __version__
-from .recording import AllocscopeError, Recording, mark, record, watch
-from .watcher import Watch
-from .reader import (
-    Capture,
-    CaptureError,
-    CorruptCaptureError,
-    Events,
-    Frame,
-    NotACaptureError,
-    TruncatedCaptureWarning,
-    UnsupportedVersionError,
-    load,
-)
-
+from .capture import (Capture, CaptureError, CorruptCaptureError, EventKind, Events, Frame, NotACaptureError,
+                      TruncatedCaptureWarning, UnsupportedVersionError, load)
+from .common.errors import InputError
+from .harness.fit import fit
+from .recording import AllocscopeError, Recording, Watch, mark, record, watch
 
 __all__ = [
     "AllocscopeError",
@@ -45,12 +35,14 @@ __all__ = [
     "EventKind",
     "Events",
     "Frame",
+    "InputError",
     "NotACaptureError",
     "Recording",
     "TruncatedCaptureWarning",
     "UnsupportedVersionError",
     "Watch",
     "__version__",
+    "fit",
     "load",
     "mark",
     "record",

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 import allocscope
-from allocscope._format import FORMAT_VERSION
+from allocscope.capture.format import FORMAT_VERSION
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))

@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.torch_agnostic
+
 SCRIPT = os.path.join(os.path.dirname(__file__), "..", "scripts", "train_batch.py")
 
 

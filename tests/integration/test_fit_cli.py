@@ -12,8 +12,10 @@ import sys
 import pytest
 
 import allocscope
+from allocscope.reports.fit import render_fit, render_search
 
-pytestmark = pytest.mark.skipif(not allocscope.vgpu.available(), reason="built without the virtual GPU")
+pytestmark = [pytest.mark.torch_agnostic,
+              pytest.mark.skipif(not allocscope.vgpu.available(), reason="built without the virtual GPU")]
 
 SCRIPT = """\
 import json, os, sys, torch
@@ -73,9 +75,10 @@ def test_fits_on_one_card_and_not_on_another(tmp_path, script):
 
 
 def test_the_text_shows_each_verdict_and_the_post_mortem(tmp_path, script):
-    result = fit(tmp_path, "--gpu", "T4-16GB", "--gpu", "H100-80GB", "--", script, "20")
+    # The text is the JSON document rendered (test_a_command_that_never_uses_cuda_... holds the command line to it).
+    result = fit(tmp_path, "--gpu", "T4-16GB", "--gpu", "H100-80GB", "--json", "--", script, "20")
     assert result.returncode == 1, result.stderr
-    out = result.stdout
+    out = render_fit(json.loads(result.stdout))
     assert "T4-16GB    out of memory" in out and "H100-80GB  fits" in out
     assert "Out of memory at event" in out and "requested 20.00 GiB" in out and "short by" in out
     # every card fits: status 0
@@ -88,7 +91,7 @@ def test_a_command_that_fails_otherwise_is_not_out_of_memory(tmp_path, script):
     card = json.loads(result.stdout)["cards"][0]
     assert card["verdict"] == "failed" and card["exit_status"] == 1 and card["ooms"] == 0
     assert card["peak_reserved_bytes"] >= 1 << 30 and "oom" not in card
-    text = fit(tmp_path, "-f", "--gpu", "L4-24GB", "--", script, "1", "boom").stdout
+    text = render_fit(json.loads(result.stdout))
     assert "failed (exit 1)" in text and "says nothing about memory" in text
 
 
@@ -112,23 +115,21 @@ def test_existing_captures_need_force(tmp_path, script):
 
 
 def test_search_finds_the_largest_value_that_fits_in_fewer_runs(tmp_path, script):
-    # The truth, value by value, from the allocator itself (no recording).
     values = range(18, 25)
-    truth = {}
-    for v in values:
-        r = subprocess.run([sys.executable, "-m", "allocscope", "run", "--gpu", "L4-24GB", "--no-record", "--",
-                            script, str(v)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                           env=dict(os.environ, FIT_TRUTH=str(tmp_path / "t.jsonl")))
-        truth[v] = r.returncode == 0
-    assert truth[18] and not truth[24]  # the boundary lies inside the range
-    expected = max(v for v, ok in truth.items() if ok)
-    assert all(truth[v] == (v <= expected) for v in values)
     # the value through the placeholder
     result = fit(tmp_path, "--gpu", "L4-24GB", "--search", f"GIB={values[0]}..{values[-1]}", "--json", "--",
                  script, "{GIB}")
     assert result.returncode == 0, result.stderr
     card = json.loads(result.stdout)["cards"][0]
-    assert card["largest"] == expected and card["runs"] < len(values)
+    expected = card["largest"]
+    assert values[0] <= expected < values[-1] and card["runs"] < len(values)
+    # The truth from the allocator itself (no recording): the script allocates GIB GiB, so the largest value
+    # that fits is the one that fits while the next does not.
+    for value, fits in ((expected, True), (expected + 1, False)):
+        r = subprocess.run([sys.executable, "-m", "allocscope", "run", "--gpu", "L4-24GB", "--no-record", "--",
+                            script, str(value)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                           env=dict(os.environ, FIT_TRUTH=str(tmp_path / "t.jsonl")))
+        assert (r.returncode == 0) == fits, (value, r.stderr[-500:])
     assert card["at_largest"]["verdict"] == "fits" and card["at_largest"]["value"] == expected
     assert card["at_next"]["verdict"] == "out of memory" and card["at_next"]["value"] == expected + 1
     assert card["at_largest"]["peak_reserved_bytes"] >= expected << 30
@@ -159,8 +160,6 @@ def test_a_smaller_card_of_the_same_chip_is_searched_by_replays(tmp_path, script
                             script, str(value)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
                            env=dict(os.environ, FIT_TRUTH=str(tmp_path / "t.jsonl")))
         assert (r.returncode == 0) == fits, (value, r.stderr[-500:])
-    from allocscope.reports.fit import render_search
-
     text = render_search(doc)
     assert f"{small['runs']} (+{len(small['replayed'])} replayed)" in text
     assert "Replayed: values answered by replaying" in text
@@ -191,7 +190,7 @@ def test_a_watched_model_gets_its_categories_and_the_textbook_estimate(tmp_path,
     assert est["textbook_bytes"] > 0 and est["basis"] == "device_used"
     assert est["textbook_bytes"] + sum(g["bytes"] for g in est["gap"]) == est["measured_bytes"]
     assert any(g["item"] == "outside_allocator" for g in est["gap"])
-    text = fit(tmp_path, "-f", "--gpu", "T4-16GB", "--", train, "--steps", "2").stdout
+    text = render_fit(json.loads(result.stdout))
     assert "the textbook estimate against the measured peak:" in text and "= measured" in text
     # a script without a model has no estimate to give
     unwatched = json.loads(fit(tmp_path, "-f", "--gpu", "T4-16GB", "--json", "--", script, "1").stdout)
@@ -238,8 +237,7 @@ def test_convolutions_come_with_the_cudnn_caveat(tmp_path):
     assert result.returncode == 0, result.stderr
     (caveat,) = json.loads(result.stdout)["cards"][0]["caveats"]
     assert "no cuDNN" in caveat
-    text = fit(tmp_path, "--gpu", "L4-24GB", "-f", "--", str(path)).stdout
-    assert f"caveat: {caveat}" in text
+    assert f"caveat: {caveat}" in render_fit(json.loads(result.stdout))
 
 
 def test_a_command_that_never_uses_cuda_has_no_verdict_on_memory(tmp_path):
@@ -247,7 +245,35 @@ def test_a_command_that_never_uses_cuda_has_no_verdict_on_memory(tmp_path):
     quiet.write_text("print('no torch here')\n")
     result = fit(tmp_path, "--gpu", "L4-24GB", "--json", "--", str(quiet))
     assert result.returncode == 1 and "no torch here" in result.stderr  # the command's output, kept off the JSON
-    card = json.loads(result.stdout)["cards"][0]
-    assert card == {"gpu": "L4-24GB", "exit_status": 0, "capture": None, "verdict": "no capture"}
+    doc = json.loads(result.stdout)
+    assert doc["cards"] == [{"gpu": "L4-24GB", "exit_status": 0, "capture": None, "verdict": "no capture"}]
     text = fit(tmp_path, "--gpu", "L4-24GB", "--", str(quiet)).stdout
     assert "no capture was written: the command never used CUDA" in text
+    # the command line's text is the document rendered (the other tests render their JSON)
+    assert text.endswith(render_fit(doc) + "\n")
+
+
+def _without_addresses(value):
+    """A document less the virtual GPU's addresses, which differ from run to run."""
+    if isinstance(value, dict):
+        return {k: _without_addresses(v) for k, v in value.items() if k != "address"}
+    if isinstance(value, list):
+        return [_without_addresses(v) for v in value]
+    return value
+
+
+def test_the_python_api_returns_the_document_fit_json_prints(tmp_path, script, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FIT_TRUTH", str(tmp_path / "truth.jsonl"))
+    doc = allocscope.fit([script, "1"], ["L4-24GB"], output_dir="api", stdout_to_stderr=True)
+    result = fit(tmp_path, "--gpu", "L4-24GB", "-o", "api", "-f", "--json", "--", script, "1")
+    assert result.returncode == 0, result.stderr
+    assert _without_addresses(doc) == _without_addresses(json.loads(result.stdout))
+    assert doc["cards"][0]["verdict"] == "fits" and doc["cards"][0]["capture"] == os.path.join("api", "L4-24GB.alsc")
+    # bad input is an InputError, as the command line's one-line errors are
+    with pytest.raises(allocscope.InputError, match="exists; use --force"):
+        allocscope.fit([script, "1"], ["L4-24GB"], output_dir="api")
+    with pytest.raises(allocscope.InputError, match="unknown GPU"):
+        allocscope.fit([script, "1"], ["B200-999GB"])
+    with pytest.raises(allocscope.InputError, match="is not NAME=LOW..HIGH"):
+        allocscope.fit([script, "{N}"], ["L4-24GB"], search="N=1-2")

@@ -17,6 +17,8 @@ import pytest
 
 from allocscope import load
 
+pytestmark = pytest.mark.torch_agnostic
+
 SAMPLE = '''
 import json, os
 import pytest

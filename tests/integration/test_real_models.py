@@ -19,6 +19,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 import model_zoo  # noqa: E402
 
+pytestmark = pytest.mark.torch_agnostic
+
 
 @pytest.mark.parametrize("name", model_zoo.MODELS)
 def test_plain_models_have_their_published_parameter_counts(name):

@@ -149,7 +149,7 @@ def test_many_events_stream_through_the_bounded_buffer(tmp_path):
 
 
 def test_import_does_nothing_and_reading_needs_no_torch(tmp_path):
-    from allocscope.writer import CaptureWriter
+    from allocscope.capture.writer import CaptureWriter
 
     path = CaptureWriter().write(tmp_path / "s.alsc")
     code = (

@@ -12,12 +12,12 @@ import allocscope
 from allocscope import EventKind
 from allocscope.attribution.lifetimes import lifetimes
 
-from ..conftest import run_python
+from ..conftest import ROOT, run_python
 
 WORKLOAD = r'''
 import json, sys, threading
 import torch, allocscope
-from allocscope._native import native
+from tests.native import allocscope_testing  # the test-only harness (run from the repository's root)
 
 path, n_threads, per_thread = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 ids = {}
@@ -39,7 +39,7 @@ with allocscope.record(path, device="cpu"):
         t.start()
     barrier.wait()
     # Meanwhile, threads with no Python state at all (like autograd's).
-    native()._testing.cpu_alloc_from_native_threads(4, per_thread, 777)
+    allocscope_testing.cpu_alloc_from_native_threads(4, per_thread, 777)
     for t in threads:
         t.join()
 print(json.dumps({"sizes": sizes, "ids": ids}))
@@ -49,7 +49,7 @@ print(json.dumps({"sizes": sizes, "ids": ids}))
 def test_concurrent_threads_lose_and_duplicate_nothing(tmp_path):
     path = tmp_path / "threads.alsc"
     n_threads, per_thread = 8, 5000  # 96k events: the ring (65536) wraps under contention
-    result = run_python(WORKLOAD, str(path), str(n_threads), str(per_thread), timeout=300)
+    result = run_python(WORKLOAD, str(path), str(n_threads), str(per_thread), timeout=300, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     info = json.loads(result.stdout)
     cap = allocscope.load(path)

@@ -19,12 +19,12 @@ from typing import Any
 
 import numpy as np
 
-from allocscope import _format as F
+from allocscope.capture import format as F
 from allocscope.allocator.blocks import BumpAddresses
 from allocscope.allocator.config import AllocatorConfig
 from allocscope.allocator.model import DeviceAllocator
 from allocscope.allocator.state import segments
-from allocscope.writer import CaptureWriter
+from allocscope.capture.writer import CaptureWriter
 
 __all__ = ["training_run"]
 

@@ -16,6 +16,8 @@ from allocscope.allocator.replay import replay
 
 from ..conftest import DATA
 
+pytestmark = pytest.mark.torch_agnostic
+
 FIXTURES = sorted(glob.glob(os.path.join(DATA, "cuda_*.alsc")))
 
 

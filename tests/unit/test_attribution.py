@@ -9,12 +9,14 @@ import pytest
 
 import allocscope
 from allocscope import EventKind as K
-from allocscope.writer import CaptureWriter
+from allocscope.capture.writer import CaptureWriter
 from allocscope.attribution import CATEGORIES, ConservationError, attribute, moment, timeline, waterfall
 from allocscope.reports import build_report
 from allocscope.reports.report import find_mark
 from allocscope.allocator.sizes import round_sizes
 from allocscope.attribution.estimate import theory
+
+pytestmark = pytest.mark.torch_agnostic
 
 MiB = 1 << 20
 WATCH = {"name": "M", "parameters": 1000, "trainable": 1000, "buffers": 0, "parameter_count": 250,

@@ -11,6 +11,8 @@ from allocscope.cli import main
 
 from ..conftest import DATA
 
+pytestmark = pytest.mark.torch_agnostic
+
 FIXTURE = os.path.join(DATA, "cpu_train_v1.alsc")
 
 
@@ -83,3 +85,52 @@ def test_run_lists_the_virtual_gpus():
     assert result.returncode == 0
     for p in vgpu.presets():
         assert p.key in result.stdout and p.name in result.stdout
+
+
+def test_a_closed_pipe_ends_quietly_as_other_unix_tools_do(tmp_path):
+    """`allocscope dump FILE | head -1`: the pipeline succeeds, nothing reaches
+    stderr, and allocscope's own status is what a Unix tool's is when its
+    reader goes away (cat's in the same pipeline: killed by SIGPIPE, 141)."""
+    big = os.path.join(DATA, "cuda_train_v1.alsc")  # more lines than a pipe buffers
+    script = (f"{sys.executable} -m allocscope dump {big} 2>{tmp_path}/err | head -1 >/dev/null; "
+              f"echo ${{PIPESTATUS[0]}}; yes | head -1 >/dev/null; echo ${{PIPESTATUS[0]}}")
+    result = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=120)
+    ours, theirs = result.stdout.split()
+    assert ours == theirs == "141"
+    assert (tmp_path / "err").read_text() == ""
+    assert subprocess.run(["bash", "-c", f"{sys.executable} -m allocscope dump {big} | head -1"],
+                          capture_output=True, text=True, timeout=120).returncode == 0
+
+
+def test_an_internal_error_keeps_its_traceback(monkeypatch, tmp_path):
+    """Only bad input is a one-line error: a bug (here a ValueError and an
+    OSError from inside a report) surfaces with its traceback."""
+    import allocscope.reports.report as report
+
+    def broken(*args, **kwargs):
+        raise ValueError("a bug, not bad input")
+
+    monkeypatch.setattr(report, "build_report", broken)
+    with pytest.raises(ValueError, match="a bug"):
+        main(["report", FIXTURE])
+
+    def unreadable(*args, **kwargs):
+        raise FileNotFoundError(2, "No such file or directory", "/somewhere/allocscope/itself/reads")
+
+    monkeypatch.setattr(report, "build_report", unreadable)
+    with pytest.raises(FileNotFoundError):
+        main(["report", FIXTURE])
+    # in a process of its own: the traceback is printed, the status is Python's for an uncaught exception
+    code = (f"import sys, allocscope.reports.report as r\n"
+            f"r.build_report = lambda *a, **k: {{}}['a bug']\n"
+            f"from allocscope.cli import main\nsys.exit(main(['report', {FIXTURE!r}]))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and "Traceback (most recent call last)" in result.stderr
+    assert "KeyError: 'a bug'" in result.stderr
+
+
+def test_an_os_error_on_a_path_the_user_named_is_bad_input(tmp_path, capsys):
+    out = tmp_path / "missing-folder" / "report.html"
+    assert main(["html", FIXTURE, "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("allocscope html: error: ") and str(out) in err[0]

@@ -17,6 +17,8 @@ from allocscope.reports.report import analyse, build_report
 from ..conftest import DATA
 from ..replay import check_start_to_end
 
+pytestmark = pytest.mark.torch_agnostic
+
 FIXTURES = sorted(glob.glob(os.path.join(DATA, "cuda_*.alsc")) + glob.glob(os.path.join(DATA, "*", "cuda_*.alsc")))
 IDS = [os.path.relpath(p, DATA) for p in FIXTURES]
 

@@ -10,6 +10,8 @@ import pytest
 import allocscope
 from allocscope.allocator.replay import replay
 
+pytestmark = pytest.mark.torch_agnostic
+
 PATH = os.path.join(os.path.dirname(__file__), "..", "data", "races", "oom_late_engine_free_v2.alsc")
 
 

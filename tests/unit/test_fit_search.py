@@ -8,7 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from allocscope.reports.fit import SearchFailed, search_largest
+from allocscope.harness.search import SearchFailed, search_largest
+
+pytestmark = pytest.mark.torch_agnostic
 
 
 def verdicts(threshold, calls):

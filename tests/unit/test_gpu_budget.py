@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from allocscope._gpu_budget import Budget, BudgetError, budget_of
+from allocscope.harness.budget import Budget, BudgetError, budget_of
+
+pytestmark = pytest.mark.torch_agnostic
 
 
 def test_budget_of_reads_sizes_and_the_gpu():

@@ -39,8 +39,8 @@ def model_walks(ops):
 
 @settings(max_examples=300, deadline=None, derandomize=True, database=None)
 @given(st.lists(op, max_size=80))
-def test_iteration_order_is_c10s(native, ops):
-    assert model_walks(ops) == [[tuple(k) for k in w] for w in native._testing.flat_hash_map_walks(ops)]
+def test_iteration_order_is_c10s(harness, ops):
+    assert model_walks(ops) == [[tuple(k) for k in w] for w in harness.flat_hash_map_walks(ops)]
 
 
 def test_a_map_behaves_as_a_dict():
@@ -57,7 +57,7 @@ def test_a_map_behaves_as_a_dict():
 
 @settings(max_examples=200, deadline=None, derandomize=True, database=None)
 @given(st.integers(5, 40), st.data())
-def test_a_rehashed_map_has_the_order_of_a_grown_one(native, grown_to, data):
+def test_a_rehashed_map_has_the_order_of_a_grown_one(harness, grown_to, data):
     """What the replay does when a recording shows that c10's map of
     freeable pools had grown before (private_pools.py): the survivors of a
     map that once held `grown_to` pools iterate in the order of a fresh map
@@ -65,7 +65,7 @@ def test_a_rehashed_map_has_the_order_of_a_grown_one(native, grown_to, data):
     keys = list(range(1, grown_to + 1))  # graph pool ids: consecutive
     keep = data.draw(st.lists(st.sampled_from(keys), min_size=2, max_size=6, unique=True))
     ops = [(0, k, 0) for k in keys] + [(1, k, 0) for k in keys if k not in keep]
-    (walk,) = native._testing.flat_hash_map_walks(ops)
+    (walk,) = harness.flat_hash_map_walks(ops)
     grown = FlatHashMap(mempool_hash)
     for k in keys:
         grown[(k, 0)] = 0

@@ -39,7 +39,7 @@ def test_wrapper_overrides_every_virtual_of_the_installed_torch():
     include = os.path.join(os.path.dirname(torch.__file__), "include")
     if not os.path.isfile(os.path.join(include, "c10/cuda/CUDACachingAllocator.h")):
         pytest.skip("this torch has no CUDA headers")
-    with open(os.path.join(ROOT, "csrc", "cuda_allocator.cpp")) as f:
+    with open(os.path.join(ROOT, "csrc", "recorder", "cuda_allocator.cpp")) as f:
         source = _code(f.read())
     wrapper = source[source.index("class RecordingCUDAAllocator"):]
     overridden = set(re.findall(r"\b(\w+)\([^;{]*\)\s*(?:const\s*)?override", wrapper))

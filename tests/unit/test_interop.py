@@ -19,6 +19,8 @@ from allocscope.reports.report import build_report
 from allocscope.cli import main
 from allocscope.interop import SnapshotError, export_memory_viz, import_snapshot, read_snapshot
 
+pytestmark = pytest.mark.torch_agnostic
+
 memory_viz = pytest.importorskip("torch.cuda._memory_viz")
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "data")

@@ -12,33 +12,45 @@ import re
 
 import pytest
 
+pytestmark = pytest.mark.torch_agnostic
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PKG = ROOT / "python" / "allocscope"
 
-# Which group each module belongs to, by the longest matching prefix.
+# Which group each module belongs to, by the longest matching prefix: folders,
+# not files (test_no_loose_modules keeps it so).
 GROUPS = {
-    "allocscope._format": "foundation", "allocscope._units": "foundation", "allocscope._progress": "foundation",
-    "allocscope._native": "foundation", "allocscope._decode": "foundation", "allocscope._torch_hook": "foundation", "allocscope._version": "foundation",
-    "allocscope._bootstrap": "foundation", "allocscope._C": "foundation", "allocscope._analysis": "foundation",
-    "allocscope.reader": "capture", "allocscope.writer": "capture", "allocscope.stacks": "capture",
+    "allocscope._version": "foundation", "allocscope._C": "foundation", "allocscope._analysis": "foundation",
+    "allocscope.common": "foundation",
+    "allocscope.capture": "capture",
     "allocscope.allocator": "allocator",
     "allocscope.attribution": "attribution",
     "allocscope.reports": "reports",
     "allocscope.interop": "interop",
     "allocscope.vgpu": "vgpu",
-    "allocscope.recording": "recording", "allocscope.watcher": "recording", "allocscope._metadata": "recording",
-    "allocscope._autostart": "recording", "allocscope._autowatch": "recording", "allocscope._phases": "recording",
-    "allocscope.cli": "entry", "allocscope.__main__": "entry", "allocscope._bootstrap.sitecustomize": "entry",
-    "allocscope": "entry",
+    "allocscope.recording": "recording",
+    "allocscope.harness": "harness",
+    "allocscope.cli": "entry", "allocscope.__main__": "entry", "allocscope": "entry",
+    # Imported by a child's interpreter at start-up (as `sitecustomize`), not by allocscope.
+    "allocscope.common.bootstrap.sitecustomize": "entry",
 }
 _ANALYSIS = ["foundation", "capture", "allocator", "attribution", "reports", "interop"]
 # What each group may import (itself included). The analysis side is a stack;
-# the recording side sits on the foundation, the virtual GPU and the
-# allocator's settings grammar (the metadata records PYTORCH_CUDA_ALLOC_CONF).
+# the recording side sits on the foundation, the capture format, the virtual
+# GPU and the allocator's settings grammar (the metadata records
+# PYTORCH_CUDA_ALLOC_CONF); the harness runs programs under both and reports
+# on what they recorded.
 ALLOWED = {group: set(_ANALYSIS[:i + 1]) for i, group in enumerate(_ANALYSIS)}
 ALLOWED["vgpu"] = {"foundation", "vgpu"}
-ALLOWED["recording"] = {"foundation", "vgpu", "allocator", "recording"}
+ALLOWED["recording"] = {"foundation", "capture", "vgpu", "allocator", "recording"}
+ALLOWED["harness"] = set(_ANALYSIS) | {"vgpu", "recording", "harness"}
 ALLOWED["entry"] = set(ALLOWED) | {"entry"}
+# The only modules outside a folder: the package's face and its version.
+TOP_LEVEL = {"allocscope", "allocscope.__main__", "allocscope._version"}
+# Mixins annotate `self` with the class they are mixed into, which imports
+# them: a cycle for the type checker only, and the one kind allowed.
+TYPE_ONLY_CYCLES = {("allocscope.allocator.expandable", "allocscope.allocator.model"),
+                    ("allocscope.allocator.private_pools", "allocscope.allocator.model")}
 
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 100
@@ -64,12 +76,14 @@ def _group(module: str) -> str:
     return GROUPS[best]
 
 
-def _imports(module: str, path: pathlib.Path) -> list[tuple[str, str, int]]:
+def _imports(module: str, path: pathlib.Path, *, typing: bool = True) -> list[tuple[str, str, int]]:
     """(imported module, imported name or '', line) of every import of an
-    allocscope module, at any depth (lazy imports count)."""
+    allocscope module, at any depth (lazy imports count; those made for
+    annotations only, under `if TYPE_CHECKING:`, unless typing=False)."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     out = []
-    for node in _walk_runtime(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    for node in (ast.walk(tree) if typing else _walk_runtime(tree)):
         if isinstance(node, ast.Import):
             out += [(a.name, "", node.lineno) for a in node.names if a.name.split(".")[0] == "allocscope"]
         elif isinstance(node, ast.ImportFrom):
@@ -104,6 +118,15 @@ def test_the_groups_cover_every_module():
     assert {m: _group(m) for m in MODULES}  # every module has a group (max() of nothing would raise)
 
 
+def test_no_loose_modules():
+    """Every module but the package's face lives in its stage's folder, so
+    the groups above name folders, never files."""
+    loose = sorted(m for m in MODULES if m.count(".") == 1 and m not in TOP_LEVEL and m + ".__init__" not in MODULES
+                   and not (PKG / m.split(".")[1] / "__init__.py").exists())
+    assert not loose, loose
+    assert all(g.count(".") <= 1 or g.endswith("sitecustomize") for g in GROUPS), "groups name folders"
+
+
 def test_each_layer_imports_only_the_layers_below_it():
     wrong = []
     for module, path in MODULES.items():
@@ -129,8 +152,16 @@ def test_no_private_names_are_imported_across_modules():
     assert not wrong, "\n".join(wrong)
 
 
+def _graph(typing: bool) -> dict[str, set[str]]:
+    return {m: {t for t, _, _ in _imports(m, p, typing=typing) if t in MODULES and t != m} for m, p in MODULES.items()}
+
+
 def test_no_import_cycles():
-    graph = {m: sorted({t for t, _, _ in _imports(m, p) if t in MODULES and t != m}) for m, p in MODULES.items()}
+    """Annotation-only imports count too: they are cycles to a reader and to a
+    type checker. The one exception is a mixin's annotation of `self`."""
+    runtime = _graph(False)
+    graph = {m: sorted(t for t in targets if (m, t) not in TYPE_ONLY_CYCLES or t in runtime[m])
+             for m, targets in _graph(True).items()}
     assert "allocscope.allocator.expandable" in graph["allocscope.allocator.model"]  # the walk sees imports
     state: dict[str, int] = {}  # 1: on the path, 2: done
     cycles = []
@@ -206,9 +237,11 @@ def test_public_modules_have_a_docstring_and_an_accurate_all():
         if not ast.get_docstring(tree):
             missing.append(f"{module}: no docstring")
         public = not any(part.startswith("_") for part in module.split(".")) and "cli" not in module.split(".")
-        if public and module not in ("allocscope.pytest_plugin",):
+        if public and module not in ("allocscope.harness.pytest_plugin", "allocscope.common.bootstrap.sitecustomize"):
             exported = next((n for n in tree.body if isinstance(n, ast.Assign)
-                             and any(isinstance(t, ast.Name) and t.id == "__all__" for t in n.targets)), None)
+                             and any(isinstance(t, ast.Name) and t.id == "__all__" for t in n.targets)
+                             or isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
+                             and n.target.id == "__all__"), None)
             if exported is None:
                 missing.append(f"{module}: no __all__")
                 continue
@@ -230,4 +263,31 @@ def test_sources_point_only_inside_the_repository():
 def test_the_torch_version_guard_is_defined_once_in_csrc():
     defs = [p.relative_to(ROOT) for p in (ROOT / "csrc").rglob("*.[ch]*")
             if "#define ALLOCSCOPE_TORCH_AT_LEAST" in p.read_text(errors="replace")]
-    assert [str(p) for p in defs] == ["csrc/torch_version.h"]
+    assert [str(p) for p in defs] == ["csrc/recorder/torch_version.h"]
+
+
+def test_csrc_has_one_folder_per_binary():
+    """setup.py builds each binary from its own folder (and the format they
+    share), and every C++ source is built into something."""
+    import setup
+
+    products = {"recorder": setup._RECORDER_SOURCES + setup._RECORDER_CUDA_SOURCES + setup._FORMAT_SOURCES,
+                "analysis": setup._ANALYSIS_SOURCES,
+                "testing": setup._TESTING_SOURCES + setup._TESTING_CUDA_SOURCES}
+    for folder, sources in products.items():
+        own = {s for s in sources if s.startswith(f"csrc/{folder}/")}
+        shared = {s for s in sources if s.startswith("csrc/format/")}
+        # The test harness also compiles the recorder's stack walker, to check it.
+        borrowed = {"csrc/recorder/pystack.cpp"} if folder == "testing" else set()
+        assert set(sources) == own | shared | borrowed, folder
+        assert own, folder
+    built = {s for sources in products.values() for s in sources}
+    built |= {f"csrc/vgpu/{s}" for lib in setup._vgpu_libraries(13) for s in lib[1]}
+    built.add("csrc/testing/pystack_harness.cpp")  # built by tests/unit/test_pystack.py, with each Python
+    every = {str(p.relative_to(ROOT)) for p in (ROOT / "csrc").rglob("*.cpp")}
+    assert every == built, every ^ built
+    # The analysis imports nothing of torch's (it runs where torch is absent).
+    for path in (ROOT / "csrc" / "analysis").iterdir():
+        assert not re.search(r"#include [<\"](torch|c10|ATen)/", path.read_text()), path.name
+    # The test harness is no part of the package: no package data, no extension of allocscope's names it.
+    assert "testing" not in " ".join(setup._RECORDER_SOURCES + setup._ANALYSIS_SOURCES)

@@ -1,8 +1,12 @@
 """Pairing allocations with frees, on hand-built event streams."""
 
+import pytest
+
 import allocscope
-from allocscope.writer import CaptureWriter
 from allocscope.attribution.lifetimes import lifetimes, live_bytes
+from allocscope.capture.writer import CaptureWriter
+
+pytestmark = pytest.mark.torch_agnostic
 
 
 def _load(tmp_path, b):

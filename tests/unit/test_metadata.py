@@ -1,5 +1,9 @@
+import pytest
+
 from allocscope.allocator.config import settings_items
-from allocscope._units import format_bytes
+from allocscope.common.units import format_bytes
+
+pytestmark = pytest.mark.torch_agnostic
 
 
 def test_alloc_conf_parsing_keeps_bracketed_lists_whole():

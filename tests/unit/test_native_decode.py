@@ -1,5 +1,5 @@
 """Decoding EVENTS chunks in C++ (allocscope._analysis.decode_events,
-csrc/decode.cpp) against the numpy decoder it replaces (_format.EventBlock,
+csrc/analysis/decode.cpp) against the numpy decoder it replaces (capture/codec.py EventBlock,
 the reference): the same columns, the same dtypes, the same refusals, on
 every fixture, on generated chunks of every column encoding, and on damaged
 chunks and files."""
@@ -15,12 +15,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import allocscope
-from allocscope import _format as F
-from allocscope._decode import EventColumns
-from allocscope._native import analysis
-from allocscope.writer import CaptureWriter
+from allocscope.capture import codec
+from allocscope.capture import format as F
+from allocscope.capture.decode import EventColumns
+from allocscope.common.native import analysis
+from allocscope.capture.writer import CaptureWriter
 
-pytestmark = pytest.mark.skipif(analysis() is None, reason="allocscope._analysis is not built")
+pytestmark = [pytest.mark.torch_agnostic,
+              pytest.mark.skipif(analysis() is None, reason="allocscope._analysis is not built")]
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "data")
 FIXTURES = sorted(glob.glob(os.path.join(DATA, "*.alsc")) + glob.glob(os.path.join(DATA, "*", "*.alsc")))
@@ -91,7 +93,7 @@ row = st.tuples(
 def test_generated_chunks_decode_the_same(chunks, version, first):
     payloads, seq = [], first
     for rows in chunks:
-        payloads.append(F.encode_events(rows, seq, version))
+        payloads.append(codec.encode_events(rows, seq, version))
         seq += len(rows)
     out = same_outcome(payloads, version)
     assert not isinstance(out, F.FormatError)
@@ -106,7 +108,7 @@ def test_generated_chunks_decode_the_same(chunks, version, first):
 @settings(max_examples=int(os.environ.get("ALLOCSCOPE_EXAMPLES", "200")), deadline=None)
 @given(rows=st.lists(row, min_size=1, max_size=30), version=st.sampled_from([1, 2]), data=st.data())
 def test_damaged_chunks_are_refused_the_same(rows, version, data):
-    payload = bytearray(F.encode_events(rows, 0, version))
+    payload = bytearray(codec.encode_events(rows, 0, version))
     how = data.draw(st.sampled_from(["cut", "flip", "insert", "grow"]))
     at = data.draw(st.integers(0, len(payload) - 1))
     if how == "cut":
@@ -125,7 +127,7 @@ def test_damaged_chunks_are_refused_the_same(rows, version, data):
 def test_indices_out_of_range_are_refused_by_both(column, value):
     r = [7, 0, 0, 0, 512, 8, 8, 0, 0, 0]
     r[F.COLUMNS.index(column)] = value
-    err = same_outcome([F.encode_events([r, [7, 1, 0, 0, 1024, 8, 8, 0, 0, 0]], 0, 2)], 2)
+    err = same_outcome([codec.encode_events([r, [7, 1, 0, 0, 1024, 8, 8, 0, 0, 0]], 0, 2)], 2)
     assert isinstance(err, F.FormatError) and "out of range" in str(err)
 
 

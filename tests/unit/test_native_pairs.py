@@ -1,5 +1,5 @@
 """Pairing frees with allocations in C++ (allocscope._analysis,
-csrc/pairs.cpp) against the numpy versions it replaces (the reference):
+csrc/analysis/pairs.cpp) against the numpy versions it replaces (the reference):
 lifetimes (each ALLOC's FREE, unmatched frees, double allocations) and
 deferred_frees (frees that waited for another stream), on every fixture and
 on generated event streams with repeated, unbalanced and interleaved
@@ -16,13 +16,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import allocscope
-from allocscope._format import EventKind as K
-from allocscope._native import analysis
+from allocscope.capture.format import EventKind as K
+from allocscope.common.native import analysis
 from allocscope.allocator.recorded import deferred_frees
 from allocscope.attribution.lifetimes import lifetimes
-from allocscope.reader import Events
+from allocscope.capture.reader import Events
 
-pytestmark = pytest.mark.skipif(analysis() is None, reason="allocscope._analysis is not built")
+pytestmark = [pytest.mark.torch_agnostic,
+              pytest.mark.skipif(analysis() is None, reason="allocscope._analysis is not built")]
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "data")
 FIXTURES = sorted(glob.glob(os.path.join(DATA, "*.alsc")) + glob.glob(os.path.join(DATA, "*", "*.alsc")))

@@ -23,16 +23,17 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import allocscope
-from allocscope._format import EventKind as K
+from allocscope.capture.format import EventKind as K
 from allocscope.allocator import native
 from allocscope.allocator.blocks import BumpAddresses
 from allocscope.allocator.config import AllocatorConfig, parse_alloc_conf
 from allocscope.allocator.model import DeviceAllocator, free_block_order
 from allocscope.allocator.replay import replay
 from allocscope.allocator.state import segments
-from allocscope.writer import CaptureWriter
+from allocscope.capture.writer import CaptureWriter
 
-pytestmark = pytest.mark.skipif(not native.built(), reason="allocscope._analysis is not built")
+pytestmark = [pytest.mark.torch_agnostic,
+              pytest.mark.skipif(not native.built(), reason="allocscope._analysis is not built")]
 
 MiB, GiB = 1 << 20, 1 << 30
 DATA = os.path.join(os.path.dirname(__file__), "..", "data")

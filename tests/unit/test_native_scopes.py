@@ -1,4 +1,4 @@
-"""The module-scope walk in C++ (allocscope._analysis, csrc/scopes.cpp)
+"""The module-scope walk in C++ (allocscope._analysis, csrc/analysis/scopes.cpp)
 against the Python walk it follows (attribution/scopes.py, walk_python):
 the same changes of each thread's innermost scope, on every fixture and on
 generated sequences of nested, interleaved and unbalanced forward and
@@ -15,12 +15,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import allocscope
-from allocscope._format import EventKind
-from allocscope._native import analysis
+from allocscope.capture.format import EventKind
+from allocscope.common.native import analysis
 from allocscope.attribution.categories import _Names
 from allocscope.attribution.scopes import _MODULE_KINDS, _symbols, module_scopes, walk_python
 
-pytestmark = pytest.mark.skipif(analysis() is None, reason="allocscope._analysis is not built")
+pytestmark = [pytest.mark.torch_agnostic,
+              pytest.mark.skipif(analysis() is None, reason="allocscope._analysis is not built")]
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "data")
 FIXTURES = sorted(glob.glob(os.path.join(DATA, "*.alsc")) + glob.glob(os.path.join(DATA, "*", "*.alsc")))

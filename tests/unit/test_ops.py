@@ -5,16 +5,18 @@ attribution.ops says."""
 import pytest
 
 import allocscope
-from allocscope import _format as F
+from allocscope.capture import format as F
 from allocscope.attribution import attribute
 from allocscope.attribution.ops import NO_OP, op_names
 from allocscope.reports import build_report
 from allocscope.reports.events import event_rows, render_event
 from allocscope.reports.report import render
 from allocscope.reports.views import stack_tree
-from allocscope.writer import CaptureWriter
+from allocscope.capture.writer import CaptureWriter
 
 from .test_attribution import two_baselines
+
+pytestmark = pytest.mark.torch_agnostic
 
 
 def ops(b, *names):

@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 
 import allocscope
-from allocscope import _format as F
-from allocscope.writer import CaptureWriter
+from allocscope.capture import format as F
+from allocscope.capture.writer import CaptureWriter
+
+pytestmark = pytest.mark.torch_agnostic
 
 
 def _builder() -> CaptureWriter:

@@ -8,12 +8,16 @@ process with a timeout, so that a hang fails the test instead of the suite."""
 import json
 import os
 
+import pytest
+
 from ..conftest import DATA, run_python
+
+pytestmark = pytest.mark.torch_agnostic
 
 FUZZ = r'''
 import json, random, struct, sys, warnings
 import allocscope
-from allocscope import _format as F
+from allocscope.capture import format as F
 
 data = open(sys.argv[1], "rb").read()
 rng = random.Random(int(sys.argv[2]))

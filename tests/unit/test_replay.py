@@ -8,12 +8,14 @@ import json
 import pytest
 
 import allocscope
-from allocscope._format import EventKind
-from allocscope.writer import CaptureWriter
+from allocscope.capture.format import EventKind
+from allocscope.capture.writer import CaptureWriter
 from allocscope.allocator.replay import NotACudaCapture, replay
 from allocscope.reports.report import analyse, build_report
 from allocscope.allocator.whatif import suggest
 from allocscope.cli import main
+
+pytestmark = pytest.mark.torch_agnostic
 
 MiB, GiB = 1 << 20, 1 << 30
 S1, S2 = 0x7F0000000000, 0x7F0000200000  # two recorded segment addresses

@@ -15,6 +15,8 @@ from allocscope.reports.report import StepsNotFound, build_report, step_window
 from ..conftest import DATA
 from ..support.training_run import training_run
 
+pytestmark = pytest.mark.torch_agnostic
+
 
 @pytest.fixture(scope="module")
 def long_capture(tmp_path_factory):

@@ -11,6 +11,8 @@ from allocscope.allocator.state import segments
 from allocscope.allocator.model import DeviceAllocator
 from allocscope.allocator.sizes import round_size, round_sizes
 
+pytestmark = pytest.mark.torch_agnostic
+
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 BASE = 1 << 40  # the default address source starts here and leaves a 2 MiB gap after each segment
 

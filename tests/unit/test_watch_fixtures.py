@@ -17,6 +17,8 @@ from allocscope.reports.report import find_mark
 
 from ..conftest import DATA
 
+pytestmark = pytest.mark.torch_agnostic
+
 FIXTURES = sorted(glob.glob(os.path.join(DATA, "*_watch_v*.alsc")))
 
 

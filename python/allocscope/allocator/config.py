@@ -15,6 +15,7 @@ import dataclasses
 import re
 from typing import Any
 
+from ..common.errors import InputError
 from .sizes import LARGE_BUFFER, ROUNDUP_INTERVALS, SIZE_MAX, MiB
 
 __all__ = ["AllocatorConfig", "ConfigError", "divisions_list", "parse_alloc_conf", "recorded_config", "settings_items"]
@@ -28,7 +29,7 @@ _IGNORED = {
 }
 
 
-class ConfigError(ValueError):
+class ConfigError(InputError):
     """An allocator settings string torch would refuse (or this model cannot replay)."""
 
 

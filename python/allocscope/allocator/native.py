@@ -1,4 +1,4 @@
-"""The replay's hot loop in C++ (allocscope._analysis, csrc/replay*.cpp): the
+"""The replay's hot loop in C++ (allocscope._analysis, csrc/analysis/*.cpp): the
 same model as model.py and the same driver as replay.py, decision for
 decision, at millions of requests per second, for what most captures use
 (the shared pools, cudaMalloc'd segments, every other setting). Captures that
@@ -18,14 +18,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._format import EventKind
-from .._native import analysis
+from ..capture.format import EventKind
+from ..common.native import analysis
 from .config import AllocatorConfig, recorded_config
 from .recorded import KIND_NAMES
 from .segments import ALLOCATED, INACTIVE, PENDING_FREE, BlockInfo, SegmentInfo, baseline_segments
 
 if TYPE_CHECKING:
-    from ..reader import Capture
+    from ..capture.reader import Capture
     from .model import DeviceAllocator
 
 __all__ = ["DeviceCounters", "built", "can_replay", "first_mismatch", "inputs", "run", "segment_infos", "unsupported"]
@@ -83,24 +83,34 @@ class DeviceCounters:
 
 
 def inputs(config: AllocatorConfig, segment_order: bool, devices: dict[int, DeviceAllocator],
-           start: list[SegmentInfo]) -> tuple[tuple, list[tuple]]:
-    """The native replay's settings and devices, from the Python replay's
-    devices as it set them up (sizes, capacity, fraction; creation order)."""
-    cfg = (config.max_split_size, config.max_non_split_rounding_size, config.large_segment_size,
-           float(config.garbage_collection_threshold), [int(d) for d in config.roundup_power2_divisions],
-           segment_order)
+           start: list[SegmentInfo]) -> tuple[Any, list[Any]]:
+    """The native replay's settings (_analysis.Config) and devices
+    (_analysis.DeviceSetup), from the Python replay's devices as it set them
+    up (sizes, capacity, fraction; creation order)."""
+    mod = analysis()
+    assert mod is not None
+    cfg = mod.Config(max_split_size=config.max_split_size,
+                     max_non_split_rounding_size=config.max_non_split_rounding_size,
+                     large_segment_size=config.large_segment_size,
+                     garbage_collection_threshold=float(config.garbage_collection_threshold),
+                     roundup_power2_divisions=[int(d) for d in config.roundup_power2_divisions],
+                     segment_order=segment_order)
     setups = []
     for d, dev in devices.items():
         segs = sorted((s for s in start if s.device == d), key=lambda s: s.address)
-        loaded = [(s.address, s.total_size, s.stream, s.is_large,
-                   [(b.address, b.size, b.requested, b.active, b.allocated) for b in s.blocks]) for s in segs]
+        loaded = [mod.LoadedSegment(addr=s.address, size=s.total_size, stream=s.stream, large=s.is_large,
+                                    blocks=[mod.LoadedBlock(addr=b.address, size=b.size, requested=b.requested,
+                                                            active=b.active, allocated=b.allocated)
+                                            for b in s.blocks])
+                  for s in segs]
         # A capacity below zero (a limit under the memory outside PyTorch) fails every cudaMalloc, as 0 does.
         capacity = -1 if dev.capacity is None else max(dev.capacity, 0)
-        setups.append((d, dev.total, capacity, -1 if dev.allowed is None else dev.allowed, loaded))
+        setups.append(mod.DeviceSetup(device=d, total=dev.total, capacity=capacity,
+                                      allowed=-1 if dev.allowed is None else dev.allowed, start=loaded))
     return cfg, setups
 
 
-def run(cfg: tuple, faithful: bool, synthetic_start: int, setups: list[tuple], cap: Capture, deferred: np.ndarray,
+def run(cfg: Any, faithful: bool, synthetic_start: int, setups: list[Any], cap: Capture, deferred: np.ndarray,
         stream_device: list[int], stream_handle: list[int], targets: list[int], stop_after: int | None
         ) -> dict[str, Any]:
     """The native replay's raw result (keys: reserved, allocated, active,

@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from .._format import EventKind
-from .._native import analysis_for
-from ..reader import Capture
+from ..capture.format import EventKind
+from ..capture.reader import Capture
+from ..common.native import analysis_for
 from .blocks import SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP, BumpAddresses, SegmentEvent
 from .segments import baseline_reserved, baseline_segments, pending_blocks
 

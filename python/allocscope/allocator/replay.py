@@ -16,8 +16,9 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from .._format import EventKind
-from ..reader import Capture
+from ..capture.format import EventKind
+from ..capture.reader import Capture
+from ..common.errors import InputError
 from . import native
 from .blocks import SEGMENT_ALLOC, Block, BumpAddresses
 from .config import AllocatorConfig, recorded_config
@@ -31,7 +32,7 @@ from .state import compare_snapshot, load_segments, segments
 __all__ = ["NotACudaCapture", "OomRecord", "Replay", "replay"]
 
 
-class NotACudaCapture(ValueError):
+class NotACudaCapture(InputError):
     """The capture recorded no CUDA allocator (a CPU recording)."""
 
 
@@ -127,7 +128,7 @@ def replay(cap: Capture, config: AllocatorConfig | None = None, *, limit: int | 
     if "cuda" not in (cap.metadata.get("devices_recorded") or ()):
         raise NotACudaCapture(f"{cap.path} is not a CUDA recording: there is no caching allocator to replay")
     if engine not in ("auto", "native", "python"):
-        raise ValueError(f"unknown replay engine {engine!r} (auto, native, python)")
+        raise InputError(f"unknown replay engine {engine!r} (auto, native, python)")
     run = _Run(cap, config, limit)
     asked = set(int(t) for t in states_at)
     window = end_window(cap) if run.faithful and stop_after is None else []
@@ -137,7 +138,7 @@ def replay(cap: Capture, config: AllocatorConfig | None = None, *, limit: int | 
         if reason is None:
             return settle_end_snapshot(run.replay_native(targets, stop_after), cap, window, asked)
         if engine == "native":
-            raise ValueError(f"the native replay cannot replay {cap.path}: {reason}")
+            raise InputError(f"the native replay cannot replay {cap.path}: {reason}")
     return settle_end_snapshot(run.replay(targets, stop_after), cap, window, asked)
 
 

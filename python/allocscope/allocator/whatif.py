@@ -8,9 +8,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .._format import EventKind
-from ..reader import Capture
-from ..stacks import site
+from ..capture.format import EventKind
+from ..capture.reader import Capture
+from ..capture.stacks import site
 from .config import AllocatorConfig, parse_alloc_conf, recorded_config
 from .replay import OomRecord, Replay, replay
 

@@ -34,10 +34,10 @@ from typing import Any
 
 import numpy as np
 
-from .._format import TENSOR_LABELS, EventKind
 from ..allocator.segments import baseline_blocks
 from ..allocator.sizes import round_sizes
-from ..reader import Capture
+from ..capture.format import MODULE_LEAF, TENSOR_LABELS, EventKind
+from ..capture.reader import Capture
 from .lifetimes import lifetimes
 from .scopes import module_scopes
 
@@ -54,7 +54,6 @@ _LABEL_CATEGORY = {EventKind.PARAMETER: "parameter", EventKind.BUFFER: "buffer",
 _PRIORITY = {int(k): i for i, k in enumerate(TENSOR_LABELS)}
 _PRIORITY_OF = np.full(256, len(TENSOR_LABELS), np.int64)
 _PRIORITY_OF[list(_PRIORITY)] = list(_PRIORITY.values())
-_LEAF_FLAG = 2
 
 
 @dataclasses.dataclass
@@ -123,7 +122,7 @@ class Attribution:
         """(first event, last event, bytes) of each forward phase: the bytes
         of new outputs of leaf modules (the textbook's "layer outputs")."""
         ev = self.capture.events
-        idx = np.flatnonzero((ev.kind == EventKind.MODULE_EXIT) & (ev.addr == _LEAF_FLAG))
+        idx = np.flatnonzero((ev.kind == EventKind.MODULE_EXIT) & (ev.addr == MODULE_LEAF))
         # Bytes of leaf outputs up to each event, then differences per phase.
         before = np.concatenate([[0], np.cumsum(ev.size[idx].astype(np.int64))])
         starts = np.asarray(self.phase_starts, np.int64)

@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from .._format import EventKind
 from ..allocator.segments import outside_allocator
+from ..capture.format import EventKind
 from .categories import Attribution
 from .timeline import Moment, Timeline
 

@@ -6,9 +6,9 @@ import dataclasses
 
 import numpy as np
 
-from .._format import EventKind
-from .._native import analysis_for
-from ..reader import Events
+from ..capture.format import EventKind
+from ..capture.reader import Events
+from ..common.native import analysis_for
 
 __all__ = ["Lifetimes", "lifetimes", "live_bytes"]
 

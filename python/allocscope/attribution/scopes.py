@@ -9,14 +9,13 @@ from typing import Any
 
 import numpy as np
 
-from .._format import EventKind
-from .._native import analysis_for
-from ..reader import Capture
+from ..capture.format import MODULE_BACKWARD, EventKind
+from ..capture.reader import Capture
+from ..common.native import analysis_for
 
 __all__ = ["module_scopes", "walk_python"]
 
 _MODULE_KINDS = (EventKind.MODULE_ENTER, EventKind.MODULE_EXIT)
-_BACKWARD_FLAG = 1
 
 
 def module_scopes(cap: Capture, names: Any, start: np.ndarray, thread: np.ndarray, module: np.ndarray,
@@ -58,7 +57,7 @@ def _symbols(cap: Capture, names: Any, idx: np.ndarray) -> tuple[np.ndarray, lis
     for u in np.argsort(first, kind="stable").tolist():
         a = int(uniq[u])
         name_ids[u] = names(strings[a] if a < len(strings) else "?")
-    backward = (ev.addr[idx[scope]] & _BACKWARD_FLAG).astype(np.int64)
+    backward = (ev.addr[idx[scope]] & MODULE_BACKWARD).astype(np.int64)
     code = (name_ids[np.asarray(inverse).reshape(-1)] * 2 + backward) * 2 + (kinds[scope] == EventKind.MODULE_ENTER)
     symbols, sym = np.unique(code, return_inverse=True)
     symbol_of = np.full(len(idx), -1, np.int64)
@@ -70,7 +69,7 @@ def walk_python(events: np.ndarray, threads: np.ndarray, symbol_of: np.ndarray,
                 decoded: list[tuple[bool, int, bool]], names: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Where each thread's innermost open scope changed: (event, thread,
     innermost name or -1), in event order. The reference for the C++ walk
-    (csrc/scopes.cpp)."""
+    (csrc/analysis/scopes.cpp)."""
     n_sym = len(decoded)
     # Each thread's open scopes are a state, interned as an int; a training
     # loop repeats the same few, so each (state, symbol) transition is worked

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from ..allocator.recorded import recorded_reserved
-from ..reader import Capture
-from ..stacks import site
+from ..capture.reader import Capture
+from ..capture.stacks import site
 from .categories import CATEGORIES, Attribution
 from .ops import op_names
 

@@ -7,14 +7,14 @@ prepare_parser(parser) and run(args) -> exit status.
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 from typing import Sequence
 
 from . import diff, dump, export, fit, html, import_, info, report, run, simulate
 
 COMMANDS = [run, fit, info, dump, report, html, diff, simulate, import_, export]
-
-_USER_ERRORS: tuple[type[BaseException], ...] = (OSError, ValueError)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -36,9 +36,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from ..recording import AllocscopeError
-    from ..reader import CaptureError
-    from ..vgpu import VirtualGpuError
+    """Runs one command. Bad input (InputError, or an OSError on a path the
+    user named) is one line on stderr and status 2; any other exception is
+    a bug and keeps its traceback. A reader that closes our standard output
+    early (`allocscope dump f | head`) ends the command quietly, with the
+    status a Unix tool killed by SIGPIPE leaves (141)."""
+    from ..common.errors import InputError
 
     parser = _parser()
     args = parser.parse_args(argv)
@@ -46,13 +49,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
-        return int(args._command.run(args))
-    except (CaptureError, AllocscopeError, VirtualGpuError, *_USER_ERRORS) as e:
-        message = str(e) if not isinstance(e, OSError) or not e.filename else f"{e.filename}: {e.strerror}"
-        print(f"allocscope {args._name}: error: {message}", file=sys.stderr)
-        return 2
+        status = int(args._command.run(args))
+        sys.stdout.flush()  # a closed pipe shows here, not at exit where Python would print it
+        return status
+    except BrokenPipeError:
+        try:  # nothing more can be written there, nor flushed at exit
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):  # not a file (an in-process caller's capture)
+            pass
+        return 128 + signal.SIGPIPE
     except KeyboardInterrupt:
         print(f"allocscope {args._name}: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # `allocscope dump f | head`
-        return 0
+    except InputError as e:
+        return _user_error(args._name, str(e))
+    except OSError as e:
+        if not _names_a_user_path(e, args):
+            raise
+        return _user_error(args._name, f"{e.filename}: {e.strerror}")
+
+
+def _user_error(command: str, message: str) -> int:
+    print(f"allocscope {command}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _names_a_user_path(e: OSError, args: argparse.Namespace) -> bool:
+    """Whether the error is about a path given on the command line (a file
+    to read or write, an output folder, or something in it)."""
+    if e.filename is None or not isinstance(e.filename, (str, bytes)):
+        return False
+    where = os.path.abspath(os.fsdecode(e.filename))
+    given = [v for value in vars(args).values() for v in (value if isinstance(value, list) else [value])
+             if isinstance(v, str) and v and v != "--"]
+    return any(where == p or where.startswith(p.rstrip(os.sep) + os.sep) for p in map(os.path.abspath, given))

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 
+from ..common.errors import InputError
+
 __all__ = ["check_output", "default_output"]
 
 
@@ -17,4 +19,4 @@ def default_output(path: str, suffix: str) -> str:
 def check_output(path: str, force: bool) -> None:
     """Refuses to overwrite an existing file unless forced (-f)."""
     if os.path.exists(path) and not force:
-        raise ValueError(f"{path} exists (use -f to overwrite)")
+        raise InputError(f"{path} exists (use -f to overwrite)")

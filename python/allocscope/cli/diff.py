@@ -35,14 +35,15 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from .. import load
+    from ..common.errors import InputError
     from ..reports.diff import diff, render
     from ..reports.html import render_diff
     from ._paths import check_output
 
     if args.top < 1:
-        raise ValueError("--top must be at least 1")
+        raise InputError("--top must be at least 1")
     if args.output and not args.html:
-        raise ValueError("-o goes with --html")
+        raise InputError("-o goes with --html")
     d = diff(load(args.a), load(args.b))
     if args.json:
         print(json.dumps(d, indent=1))

@@ -18,7 +18,7 @@ examples:
 
 
 def prepare_parser(parser: argparse.ArgumentParser) -> None:
-    from .._format import EventKind
+    from ..capture.format import EventKind
 
     parser.add_argument("file", help="capture file")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")

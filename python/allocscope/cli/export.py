@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .._units import format_bytes
+from ..common.units import format_bytes
 
 NAME = "export"
 HELP = "write a capture as a PyTorch memory snapshot (memory_viz) or a Perfetto/Chrome trace"
@@ -40,11 +40,12 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from .. import load
+    from ..common.errors import InputError
     from ..interop import export_memory_viz, export_perfetto
     from ._paths import check_output, default_output
 
     if args.points < 2:
-        raise ValueError("--points must be at least 2")
+        raise InputError("--points must be at least 2")
     out = args.output or default_output(args.file, SUFFIX[args.format])
     check_output(out, args.force)
     cap = load(args.file)

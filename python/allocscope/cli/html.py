@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .._units import format_bytes
+from ..common.units import format_bytes
 
 NAME = "html"
 HELP = "write the report as one self-contained HTML file (timeline, flamegraph, segments, tables)"
@@ -36,15 +36,11 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from .. import load
     from ..reports.html import write_html
-    from ..reports.report import MarkNotFound
     from ._paths import check_output, default_output
 
     out = args.output or default_output(args.file, ".html")
     check_output(out, args.force)
     cap = load(args.file, progress=False if args.no_progress else None)
-    try:
-        size = write_html(cap, out, at=args.at, progress=False if args.no_progress else None)
-    except MarkNotFound as e:
-        raise ValueError(str(e)) from None
+    size = write_html(cap, out, at=args.at, progress=False if args.no_progress else None)
     print(f"wrote {out} ({format_bytes(size)})")
     return 0

@@ -26,7 +26,7 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import warnings
 
-    from ..reader import TruncatedCaptureWarning
+    from ..capture.reader import TruncatedCaptureWarning
     from ..reports.info import render, summarize
 
     with warnings.catch_warnings():

@@ -51,18 +51,16 @@ def _steps(text: str) -> tuple[int, int]:
 
 def run(args: argparse.Namespace) -> int:
     from .. import load
-    from ..reports.report import MarkNotFound, StepsNotFound, build_report, render
+    from ..common.errors import InputError
+    from ..reports.report import build_report, render
 
     if args.top < 1:
-        raise ValueError("--top must be at least 1")
+        raise InputError("--top must be at least 1")
     if args.at is not None and args.steps is not None:
-        raise ValueError("--at and --steps cannot be used together")
+        raise InputError("--at and --steps cannot be used together")
     # --steps reads only as far as the steps need (reader.load(through_step=)).
     cap = load(args.file, through_step=args.steps[1] if args.steps is not None else None)
-    try:
-        report = build_report(cap, at=args.at, steps=args.steps, top=args.top)
-    except (MarkNotFound, StepsNotFound) as e:
-        raise ValueError(str(e)) from None
+    report = build_report(cap, at=args.at, steps=args.steps, top=args.top)
     if args.json:
         print(json.dumps(report, indent=1))
     else:

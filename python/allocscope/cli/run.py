@@ -6,8 +6,6 @@ import argparse
 import os
 import sys
 
-from ._child import command_of, outputs, wait_for
-
 NAME = "run"
 HELP = "record a command (a Python script, torchrun, ...) into a capture file, on a GPU or a virtual one"
 DESCRIPTION = """\
@@ -48,19 +46,9 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
                         help="the command to run, after --")
 
 
-def _device(choice: str) -> str:
-    if choice != "auto":
-        return choice
-    try:
-        import torch
-    except ImportError:
-        raise ValueError("torch cannot be imported here; allocscope run needs it") from None
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def _list_gpus() -> int:
     from .. import vgpu
-    from .._units import format_bytes
+    from ..common.units import format_bytes
 
     print(f"{'GPU':<14} {'name':<26} {'memory':>11}  {'capability':>10}  {'SMs':>4}")
     for p in vgpu.presets():
@@ -70,42 +58,24 @@ def _list_gpus() -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import _autostart, vgpu
+    from ..common.errors import InputError
+    from ..harness.run import run_command
 
     if args.gpu == "list":
         return _list_gpus()
     if args.gpu_memory and not args.gpu:
-        raise ValueError("--gpu-memory sets the virtual GPU's memory: give --gpu too")
+        raise InputError("--gpu-memory sets the virtual GPU's memory: give --gpu too")
     if args.no_record and not args.gpu:
-        raise ValueError("--no-record runs on the virtual GPU: give --gpu too (without it, run the command itself)")
+        raise InputError("--no-record runs on the virtual GPU: give --gpu too (without it, run the command itself)")
     if args.no_record and args.output:
-        raise ValueError("--no-record writes no capture: leave out -o")
+        raise InputError("--no-record writes no capture: leave out -o")
     if not args.no_record and not args.output:
-        raise ValueError("give the capture file: allocscope run -o FILE -- python script.py")
-    cmd = command_of(args, "allocscope run -o FILE -- python script.py")
-    env = dict(os.environ)
-    if args.gpu:
-        if args.device == "cpu":
-            raise ValueError("--gpu runs on a virtual CUDA device, which --device cpu would not record: leave it out")
-        env = vgpu.environment(args.gpu, memory=args.gpu_memory, base=env)
-    output = ""
-    if not args.no_record:
-        output = os.path.abspath(args.output)
-        if outputs(output):
-            if not args.force:
-                raise ValueError(f"{args.output} exists; use --force to overwrite it")
-            for old in outputs(output):
-                os.remove(old)
-        device = "cuda" if args.gpu else _device(args.device)
-        env = _autostart.child_environment(env, output, {"device": device, "stacks": args.stacks})
-    status = wait_for(cmd, env)
-    if not output:
-        return status
-    written = outputs(output)
-    if written:
-        for path in written:
-            print(f"allocscope: wrote {os.path.relpath(path)}", file=sys.stderr)
-    else:
-        print(f"allocscope: no capture was written (did the command use torch{' on CUDA' if device == 'cuda' else ''}?)",
-              file=sys.stderr)
-    return status
+        raise InputError("give the capture file: allocscope run -o FILE -- python script.py")
+    result = run_command(args.command, None if args.no_record else args.output, gpu=args.gpu,
+                         gpu_memory=args.gpu_memory, device=args.device, stacks=args.stacks, force=args.force)
+    for path in result.captures:
+        print(f"allocscope: wrote {os.path.relpath(path)}", file=sys.stderr)
+    if result.device and not result.captures:
+        on = " on CUDA" if result.device == "cuda" else ""
+        print(f"allocscope: no capture was written (did the command use torch{on}?)", file=sys.stderr)
+    return result.status

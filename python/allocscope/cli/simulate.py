@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from .._units import parse_bytes
+from ..common.units import parse_bytes
 
 NAME = "simulate"
 HELP = "replay a CUDA capture through the caching allocator with other settings or a smaller GPU"
@@ -44,11 +44,12 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from .. import load
     from ..allocator.config import parse_alloc_conf
+    from ..common.errors import InputError
     from ..reports.simulate import render, simulate
 
     limit = parse_bytes(args.limit) if args.limit else None
     if limit is not None and limit <= 0:
-        raise ValueError("--limit must be positive")
+        raise InputError("--limit must be positive")
     cap = load(args.file)
     # As PYTORCH_CUDA_ALLOC_CONF for a fresh run: what the string leaves out takes torch's defaults.
     config = parse_alloc_conf(args.config) if args.config is not None else None

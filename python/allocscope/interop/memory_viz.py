@@ -21,11 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from .. import _format as F
 from ..allocator.recorded import deferred_frees
 from ..allocator.segments import ALLOCATED, INACTIVE, PENDING_FREE, baseline_segments
 from ..attribution.lifetimes import lifetimes
-from ..reader import Capture, StreamInfo
+from ..capture import format as F
+from ..capture.reader import Capture, StreamInfo
 
 __all__ = ["EXTENSION", "export_memory_viz", "to_snapshot"]
 

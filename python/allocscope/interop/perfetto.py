@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from .._format import EventKind
 from ..attribution.timeline import iterations, relative_time
-from ..reader import Capture
+from ..capture.format import EventKind
+from ..capture.reader import Capture
 from ..reports.report import analyse
 from ..reports.views import marks, timeline_view
 

@@ -24,10 +24,11 @@ import os
 import pickle
 from typing import Any
 
-from .. import _format as F
 from ..allocator.config import divisions_list
 from ..allocator.sizes import round_size
-from ..writer import CaptureWriter
+from ..capture import format as F
+from ..capture.writer import CaptureWriter
+from ..common.errors import InputError
 from .memory_viz import EXTENSION
 
 __all__ = ["SnapshotError", "convert_snapshot", "import_snapshot", "read_snapshot", "restore"]
@@ -39,7 +40,7 @@ ACTIONS = {"alloc": K.ALLOC, "free_requested": K.FREE, "free_completed": K.FREE_
 MAX_SNAPSHOT_BYTES = 8 << 30
 
 
-class SnapshotError(ValueError):
+class SnapshotError(InputError):
     """The file is not a PyTorch memory snapshot we can read safely."""
 
 

@@ -9,17 +9,17 @@ from typing import Any
 
 import numpy as np
 
-from .._format import EventKind
-from ..allocator.fragmentation import figures, fragmented_segments, stranded
 from ..allocator.config import AllocatorConfig
+from ..allocator.fragmentation import figures, fragmented_segments, stranded
 from ..allocator.replay import OomRecord, Replay, replay
 from ..allocator.segments import SegmentInfo
 from ..allocator.sizes import allocation_size
 from ..allocator.whatif import candidates
 from ..attribution.categories import CATEGORIES, Attribution
 from ..attribution.timeline import bucket_peaks, moment
-from ..reader import Capture
-from ..stacks import site
+from ..capture.format import EventKind
+from ..capture.reader import Capture
+from ..capture.stacks import site
 
 __all__ = ["allocator_section", "block_rows", "oom_section", "pinning_blocks", "shortfall"]
 

@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from .._units import format_bytes
 from ..attribution.categories import CATEGORIES
 from ..attribution.timeline import live_series
-from ..reader import Capture
+from ..capture.reader import Capture
+from ..common.units import format_bytes
 from .report import Analysis, analyse, build_report
 from .text import table
 

@@ -7,8 +7,8 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from .._format import FIRST_ANNOTATION, EventKind, kind_name
-from ..reader import Capture
+from ..capture.format import FIRST_ANNOTATION, EventKind, kind_name
+from ..capture.reader import Capture
 
 __all__ = ["event_rows", "render_event"]
 

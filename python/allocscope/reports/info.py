@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from .._units import format_bytes
 from ..attribution.lifetimes import lifetimes, live_bytes
-from ..reader import load
+from ..capture.reader import load
+from ..common.units import format_bytes
 
 __all__ = ["render", "summarize"]
 

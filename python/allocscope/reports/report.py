@@ -9,8 +9,6 @@ from typing import Any
 
 import numpy as np
 
-from .._format import EventKind
-from .._units import format_bytes
 from ..allocator import native
 from ..allocator.recorded import recorded_reserved, request_at
 from ..allocator.replay import Replay, replay
@@ -19,7 +17,10 @@ from ..attribution.estimate import theory, waterfall
 from ..attribution.ops import NO_OP
 from ..attribution.timeline import (Timeline, category_timeline, iteration_bounds, iterations, moment, ops, sites,
                                     timeline)
-from ..reader import Capture
+from ..capture.format import EventKind
+from ..capture.reader import Capture
+from ..common.errors import InputError
+from ..common.units import format_bytes
 from .allocator import allocator_section, oom_section
 from .text import shorten, table
 
@@ -88,11 +89,11 @@ def analyse(cap: Capture, *, replay_budget: int = REPLAY_BUDGET, window: tuple[i
     return Analysis(cap, att, timeline(att, reserved), rep, at if rep is not None else None, warnings)
 
 
-class MarkNotFound(LookupError):
+class MarkNotFound(InputError, LookupError):
     """--at names a mark the capture does not have."""
 
 
-class StepsNotFound(LookupError):
+class StepsNotFound(InputError, LookupError):
     """--steps names iterations the capture does not have."""
 
 
@@ -142,7 +143,7 @@ def build_report(cap: Capture, *, at: str | None = None, steps: tuple[int, int] 
     peak of iterations steps = (first, last)) explained. replay_budget: see
     analyse()."""
     if at is not None and steps is not None:
-        raise ValueError("a report is at a mark or over steps, not both")
+        raise InputError("a report is at a mark or over steps, not both")
     window = step_window(cap, *steps) if steps is not None else None
     an = analysis or analyse(cap, replay_budget=replay_budget, window=window)
     att, tl = an.att, an.tl

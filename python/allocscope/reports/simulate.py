@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._units import format_bytes
 from ..allocator.config import AllocatorConfig, recorded_config
 from ..allocator.recorded import recorded_reserved
 from ..allocator.replay import replay
 from ..allocator.whatif import outcome, suggest
-from ..reader import Capture
+from ..capture.reader import Capture
+from ..common.units import format_bytes
 
 __all__ = ["SCHEMA", "render", "simulate"]
 

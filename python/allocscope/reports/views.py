@@ -13,12 +13,12 @@ from typing import Any
 
 import numpy as np
 
-from .._format import EventKind
 from ..allocator.segments import SegmentInfo, outside_allocator
 from ..attribution.categories import CATEGORIES, Attribution, module_label
 from ..attribution.timeline import PERSISTENT, Timeline, bucket_peaks, iterations, live_at, relative_time, site_labels
-from ..reader import Capture
-from ..stacks import is_library
+from ..capture.format import EventKind
+from ..capture.reader import Capture
+from ..capture.stacks import is_library
 from .allocator import block_rows
 
 __all__ = ["leaks", "marks", "module_tree", "segments_view", "stack_tree", "timeline_view"]

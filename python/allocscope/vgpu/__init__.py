@@ -26,6 +26,8 @@ import os
 import sys
 from typing import Any, Mapping
 
+from ..common.errors import InputError
+
 __all__ = [
     "ENV_CONTEXT",
     "ENV_EVENT_POLLS",
@@ -52,7 +54,7 @@ LIB_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib")
 _CORE = "libvgpu.so"
 
 
-class VirtualGpuError(RuntimeError):
+class VirtualGpuError(InputError, RuntimeError):
     """The virtual GPU cannot be used as asked (the message says why, in one line)."""
 
 
@@ -122,7 +124,7 @@ def parse_gpus(spec: str) -> list[Preset]:
 
 def _settings(gpu: str, memory: int | str | None, context: int | str | None,
               event_polls: int | None) -> dict[str, str]:
-    from .._units import parse_bytes
+    from ..common.units import parse_bytes
 
     parse_gpus(gpu)
     out = {ENV_GPU: gpu}
@@ -151,7 +153,7 @@ def environment(gpu: str, *, memory: int | str | None = None, context: int | str
 
         subprocess.run([sys.executable, "train.py"], env=allocscope.vgpu.environment("A100-40GB"))
     """
-    from .._bootstrap import with_bootstrap
+    from ..common.bootstrap import with_bootstrap
 
     env = {k: v for k, v in (os.environ if base is None else base).items()
            if k not in (ENV_GPU, ENV_MEMORY, ENV_CONTEXT, ENV_EVENT_POLLS)}
@@ -202,7 +204,7 @@ def activate(gpu: str, *, memory: int | str | None = None, context: int | str | 
         _core()  # raises with the reason
     # The stand-ins read their settings from the environment; the Python
     # processes this one starts inherit them, and the bootstrap.
-    from .._bootstrap import with_bootstrap
+    from ..common.bootstrap import with_bootstrap
 
     for name in (ENV_GPU, ENV_MEMORY, ENV_CONTEXT, ENV_EVENT_POLLS):
         os.environ.pop(name, None)
@@ -215,7 +217,7 @@ def activate(gpu: str, *, memory: int | str | None = None, context: int | str | 
     for name in _libraries():
         ctypes.CDLL(os.path.join(LIB_DIR, name), mode=ctypes.RTLD_GLOBAL)
 
-    from .._torch_hook import after_torch_import
+    from ..common.torch_hook import after_torch_import
 
     after_torch_import(_turn_cudnn_off)
     after_torch_import(_exit_grace)

@@ -7,7 +7,7 @@ import html
 from importlib import resources
 from typing import Any
 
-from ..._units import format_bytes
+from ...common.units import format_bytes
 from ..diff import SECTIONS, ratio_text
 
 __all__ = ["render_diff"]

@@ -17,13 +17,13 @@ from typing import Any
 
 import numpy as np
 
-from ..._format import EventKind
-from ..._progress import Steps
 from ..._version import __version__
 from ...allocator.fragmentation import figures
 from ...attribution.categories import module_label
 from ...attribution.timeline import relative_time
-from ...reader import Capture
+from ...capture.format import EventKind
+from ...capture.reader import Capture
+from ...common.progress import Steps
 from ..fit import card_result
 from ..report import Analysis, analyse, build_report
 from ..views import leaks, marks, module_tree, segments_view, stack_tree, timeline_view

@@ -1,0 +1,52 @@
+// See pairs.h. A map from address to the state of its last event stands in
+// for the numpy versions' sort by (address, sequence).
+#include "pairs.h"
+
+#include <unordered_map>
+
+#include "format/format.h"
+
+namespace allocscope::pairs {
+
+Lifetimes lifetimes(size_t n, const uint8_t* kind, const uint64_t* addr) {
+  Lifetimes out;
+  std::unordered_map<uint64_t, int64_t> last_alloc;  // address -> its open ALLOC's position in out.alloc, or -1
+  for (size_t i = 0; i < n; ++i) {
+    int k = kind[i];
+    if (k != format::kAlloc && k != format::kFree) continue;
+    auto [it, fresh] = last_alloc.try_emplace(addr[i], -1);
+    if (k == format::kAlloc) {
+      if (!fresh && it->second >= 0) out.doubles.push_back(static_cast<int64_t>(i));
+      it->second = static_cast<int64_t>(out.alloc.size());
+      out.alloc.push_back(static_cast<int64_t>(i));
+      out.free.push_back(-1);
+    } else {
+      if (it->second >= 0) {
+        out.free[static_cast<size_t>(it->second)] = static_cast<int64_t>(i);
+      } else {
+        out.unmatched.push_back(static_cast<int64_t>(i));
+      }
+      it->second = -1;
+    }
+  }
+  return out;
+}
+
+std::vector<uint8_t> deferred_frees(size_t n, const uint8_t* kind, const uint64_t* addr,
+                                    const std::unordered_set<uint64_t>& pending_at_end) {
+  std::vector<uint8_t> out(n, 0);
+  std::unordered_map<uint64_t, int64_t> last_free;  // address -> its last event if a FREE, else -1
+  for (size_t i = 0; i < n; ++i) {
+    int k = kind[i];
+    if (k != format::kAlloc && k != format::kFree && k != format::kFreeCompleted) continue;
+    int64_t& last = last_free.try_emplace(addr[i], -1).first->second;
+    if (k == format::kFreeCompleted && last >= 0) out[static_cast<size_t>(last)] = 1;
+    last = k == format::kFree ? static_cast<int64_t>(i) : -1;
+  }
+  if (!pending_at_end.empty())
+    for (const auto& [a, last] : last_free)
+      if (last >= 0 && pending_at_end.count(a)) out[static_cast<size_t>(last)] = 1;
+  return out;
+}
+
+}  // namespace allocscope::pairs

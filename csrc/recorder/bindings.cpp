@@ -1,0 +1,124 @@
+// pybind11 glue for allocscope._C: no logic here. The typed facade is in
+// python/allocscope/_C.pyi. The test harness is a separate extension
+// (csrc/testing/, built for the tests only).
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "cpu_allocator.h"
+#include "format/format.h"
+#include "ops.h"
+#include "recorder.h"
+#ifdef ALLOCSCOPE_WITH_CUDA
+#include "cuda_allocator.h"
+#endif
+
+namespace py = pybind11;
+using namespace allocscope;
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "allocscope native core: allocator wrappers and the capture recorder";
+
+  m.def("built_with_cuda", [] {
+#ifdef ALLOCSCOPE_WITH_CUDA
+    return true;
+#else
+    return false;
+#endif
+  });
+
+  m.def(
+      "start",
+      [](const std::string& path, const std::string& metadata_json, bool python_stacks, bool ops) {
+        Recorder::get().start(StartOptions{path, metadata_json, python_stacks, ops});
+      },
+      py::arg("path"), py::arg("metadata_json"), py::arg("python_stacks"), py::arg("ops") = true);
+  m.def(
+      "stop",
+      [](const std::string& reason) {
+        StopSummary s = Recorder::get().stop(reason);
+        py::dict d;
+        d["events"] = s.events;
+        d["dropped"] = s.dropped;
+        d["bytes"] = s.bytes;
+        d["stacks"] = s.stacks;
+        d["stack_misses"] = s.stack_misses;
+        d["stack_overflows"] = s.stack_overflows;
+        d["error"] = s.error;
+        return d;
+      },
+      py::arg("reason"));
+  m.def("is_active", [] { return Recorder::get().active(); });
+  m.def("ops_active", &ops::active);
+  m.def("walker", [] { return Recorder::get().walker(); });
+  m.def("next_seq", [] { return Recorder::get().next_seq(); });
+  m.def(
+      "annotate",
+      [](uint8_t kind, const std::string& label, uint64_t addr, uint64_t size, bool with_stack) {
+        return Recorder::get().annotate(kind, label, addr, size, with_stack);
+      },
+      py::arg("kind"), py::arg("label"), py::arg("addr") = 0, py::arg("size") = 0, py::arg("with_stack") = false);
+  m.def(
+      "add_baseline",
+      [](std::string json) { Recorder::get().add_json_chunk(format::kChunkBaseline, std::move(json)); },
+      py::arg("json"));
+
+  m.def("install_cpu", &cpu::install);
+  m.def("uninstall_cpu", &cpu::uninstall);
+  m.def("cpu_installed", &cpu::installed);
+
+#ifdef ALLOCSCOPE_WITH_CUDA
+  m.def("install_cuda", &cuda::install, py::call_guard<py::gil_scoped_release>());
+  m.def("uninstall_cuda", &cuda::uninstall);
+  m.def("cuda_installed", &cuda::installed);
+  m.def("cuda_tracker_attached", &cuda::tracker_attached);
+  m.def("cuda_wrapped_name", &cuda::wrapped_name);
+  m.def("cuda_baseline_json", &cuda::baseline_json, py::arg("label"), py::arg("devices"),
+        py::call_guard<py::gil_scoped_release>());
+#endif
+
+  // The format's tables as Python sees them (capture/format.py mirrors them;
+  // tests/unit/test_format_constants.py compares the two).
+  m.def("format_constants", [] {
+    py::dict d, kinds, chunks, columns;
+#define ALLOCSCOPE_ADD(table) [&](const char* name, int value) { table[name] = value; }
+#define ALLOCSCOPE_ITEM(cpp, name, value) add(#name, format::cpp);
+    {
+      auto add = ALLOCSCOPE_ADD(kinds);
+      ALLOCSCOPE_EVENT_KINDS(ALLOCSCOPE_ITEM)
+    }
+    {
+      auto add = ALLOCSCOPE_ADD(chunks);
+      ALLOCSCOPE_CHUNK_TYPES(ALLOCSCOPE_ITEM)
+    }
+    {
+      auto add = ALLOCSCOPE_ADD(columns);
+      ALLOCSCOPE_COLUMNS(ALLOCSCOPE_ITEM)
+    }
+#undef ALLOCSCOPE_ITEM
+#undef ALLOCSCOPE_ADD
+    d["magic"] = py::bytes(format::kMagic, sizeof(format::kMagic));
+    d["version"] = format::kFormatVersion;
+    d["header_size"] = format::kHeaderSize;
+    d["chunk_header_size"] = format::kChunkHeaderSize;
+    d["via_allocator"] = format::kViaAllocator;
+    d["kind_mask"] = format::kKindMask;
+    d["first_annotation"] = int{format::kFirstAnnotation};
+    d["last_annotation"] = int{format::kLastAnnotation};
+    d["module_backward"] = format::kModuleBackward;
+    d["module_leaf"] = format::kModuleLeaf;
+    d["encodings"] = py::dict(py::arg("RAW") = int{format::kEncRaw}, py::arg("CONST") = int{format::kEncConst},
+                              py::arg("DENSE") = int{format::kEncDense}, py::arg("SPARSE") = int{format::kEncSparse});
+    d["kinds"] = kinds;
+    d["chunks"] = chunks;
+    d["columns"] = columns;
+    return d;
+  });
+#ifdef ALLOCSCOPE_WITH_CUDA
+  // The test seam of the CUDA wrapper (cuda_allocator.h): a capsule holding
+  // the Environment* to use, from the test-only extension; None: the real one.
+  m.def("set_cuda_environment", [](py::object capsule) {
+    cuda::set_environment(capsule.is_none() ? nullptr
+                                            : py::reinterpret_borrow<py::capsule>(capsule).get_pointer<cuda::Environment>());
+  });
+#endif
+}

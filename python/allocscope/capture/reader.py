@@ -1,0 +1,498 @@
+"""Reading capture files: allocscope.load(path) -> Capture.
+
+Events come back as columnar numpy arrays, with the string, frame, stack,
+thread and stream tables, the baselines and the metadata. A file that ends
+early (the recorded process crashed or was killed) loads up to its last whole
+chunk, with a TruncatedCaptureWarning.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import mmap
+import os
+import struct
+import warnings
+from typing import Any, Iterator
+
+import numpy as np
+
+from ..common.errors import InputError
+from ..common.progress import Progress
+from . import format as F
+from .codec import unzigzag
+from .decode import EventColumns
+from .format import EventKind, FormatError
+
+__all__ = [
+    "Capture",
+    "CaptureError",
+    "CorruptCaptureError",
+    "Events",
+    "Frame",
+    "NotACaptureError",
+    "StreamInfo",
+    "ThreadInfo",
+    "TruncatedCaptureWarning",
+    "UnsupportedVersionError",
+    "load",
+]
+
+
+class CaptureError(InputError):
+    """A capture file cannot be read."""
+
+
+class NotACaptureError(CaptureError):
+    """The file is not an allocscope capture."""
+
+
+class UnsupportedVersionError(CaptureError):
+    """The file's format version is not one this allocscope reads."""
+
+
+class CorruptCaptureError(CaptureError):
+    """The file is damaged (a checksum or structure check failed)."""
+
+
+class TruncatedCaptureWarning(UserWarning):
+    """The file ends early; its valid prefix was loaded."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Frame:
+    filename: str
+    function: str
+    line: int
+
+    def __str__(self) -> str:
+        return f"{self.function} ({self.filename}:{self.line})"
+
+
+@dataclasses.dataclass(frozen=True)
+class ThreadInfo:
+    native_id: int
+    name: str
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamInfo:
+    device: int  # -1: CPU, -2: none
+    handle: int  # cudaStream_t value (0: the default stream)
+
+
+_EVENT_FIELDS = {
+    "seq": np.uint64,
+    "time_ns": np.int64,
+    "kind": np.uint8,
+    "via_allocator": np.bool_,
+    "thread": np.uint16,
+    "stream": np.uint16,
+    "device": np.int16,
+    "addr": np.uint64,
+    "size": np.uint64,
+    "block": np.uint64,
+    "stack": np.uint32,
+    "arg": np.uint64,
+    "op": np.uint32,
+}
+
+
+class Events:
+    """Events as parallel numpy arrays, in sequence order.
+
+    kind: EventKind value (the via-allocator bit is split out into
+    via_allocator); device: derived from the stream (-1 CPU, -2 none);
+    arg: per kind (ALLOC: ns spent in the wrapped allocator; OOM: device
+    free bytes; MARK and annotations: string id of the label); op: the stack
+    node of the op chain behind an ALLOC or OOM (Capture.stack gives its
+    frames: `<aten>` ops and `<autograd>` nodes, innermost first; 0: none or
+    not recorded, as in format 1 files).
+    """
+
+    __slots__ = tuple(_EVENT_FIELDS)
+
+    seq: np.ndarray
+    time_ns: np.ndarray
+    kind: np.ndarray
+    via_allocator: np.ndarray
+    thread: np.ndarray
+    stream: np.ndarray
+    device: np.ndarray
+    addr: np.ndarray
+    size: np.ndarray
+    block: np.ndarray
+    stack: np.ndarray
+    arg: np.ndarray
+    op: np.ndarray
+
+    def __init__(self, **columns: np.ndarray):
+        for name, dtype in _EVENT_FIELDS.items():
+            setattr(self, name, np.asarray(columns.get(name, np.zeros(0, dtype)), dtype))
+
+    def __len__(self) -> int:
+        return len(self.seq)
+
+    def select(self, index: np.ndarray) -> "Events":
+        return Events(**{name: getattr(self, name)[index] for name in _EVENT_FIELDS})
+
+    def in_sequence_order(self) -> bool:
+        """Whether sequence numbers never decrease from one event to the next
+        (files the recorder writes; a hand-made one may differ)."""
+        return bool(len(self.seq) < 2 or (self.seq[1:] >= self.seq[:-1]).all())
+
+    def counts(self) -> dict[str, int]:
+        kinds, counts = np.unique(self.kind, return_counts=True)
+        return {F.kind_name(int(k)): int(c) for k, c in zip(kinds, counts, strict=True)}
+
+
+class Capture:
+    """A loaded capture. See allocscope.load."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.version = F.FORMAT_VERSION
+        self.metadata: dict[str, Any] = {}
+        self.events = Events()
+        self.strings: list[str] = []
+        self.frame_file = np.zeros(0, np.uint32)  # string ids
+        self.frame_function = np.zeros(0, np.uint32)
+        self.frame_line = np.zeros(0, np.int32)
+        self.stack_parent = np.zeros(0, np.uint32)  # node 0 is the empty stack
+        self.stack_frame = np.zeros(0, np.uint32)
+        self.threads: list[ThreadInfo] = []
+        self.streams: list[StreamInfo] = []
+        self.baselines: list[dict[str, Any]] = []
+        self.footer: dict[str, Any] | None = None
+        self.warnings: list[str] = []
+        self.chunk_bytes: dict[str, int] = {}  # file bytes by chunk type, headers included (of the chunks read)
+        # load(through_step=...): set when the read stopped before the end of
+        # the file (the step whose start ended it); events_in_file is then the
+        # footer's count (None without a footer).
+        self.read_until_step: int | None = None
+        self.events_in_file: int | None = None
+
+    @property
+    def partial(self) -> bool:
+        """True when load(through_step=...) left the events after some step unread."""
+        return self.read_until_step is not None
+
+    @property
+    def complete(self) -> bool:
+        """True when recording stopped cleanly (the file has its footer)."""
+        return self.footer is not None
+
+    def frame(self, frame_id: int) -> Frame:
+        return Frame(self.strings[self.frame_file[frame_id]], self.strings[self.frame_function[frame_id]],
+                     int(self.frame_line[frame_id]))
+
+    def stack(self, stack_id: int) -> list[Frame]:
+        """The frames of a stack, innermost first."""
+        frames = []
+        node = int(stack_id)
+        while node != 0:
+            frames.append(self.frame(int(self.stack_frame[node])))
+            node = int(self.stack_parent[node])
+        return frames
+
+    def label(self, event_index: int) -> str:
+        """The label of a MARK or annotation event."""
+        sid = int(self.events.arg[event_index])
+        return self.strings[sid] if sid < len(self.strings) else "?"
+
+    def baseline(self, label: str) -> dict[str, Any] | None:
+        for b in self.baselines:
+            if b.get("label") == label:
+                return b
+        return None
+
+    @property
+    def duration_ns(self) -> int:
+        t = self.events.time_ns
+        return int(t.max() - t.min()) if len(t) else 0
+
+    def __repr__(self) -> str:
+        state = "complete" if self.complete else "incomplete"
+        return f"<Capture {self.path!r}: {len(self.events)} events, {len(self.stack_parent)} stacks, {state}>"
+
+
+def load(path: str | os.PathLike[str], *, salvage: bool = False, progress: bool | None = None,
+         through_step: int | None = None, engine: str = "auto") -> Capture:
+    """Reads a capture file.
+
+    Raises NotACaptureError, UnsupportedVersionError or CorruptCaptureError
+    (all CaptureError) when the file cannot be read. A file that ends early
+    loads up to its last whole chunk with a TruncatedCaptureWarning. With
+    salvage=True a damaged chunk ends the load the same way instead of raising.
+    progress: show a progress bar on stderr (default: for large files on a TTY).
+    through_step: read only what optimizer steps up to this one need (of a
+    watched model; report --steps): events stop with the chunk where step
+    through_step + 2 starts, so that step through_step + 1, in which the last
+    step's tensors are freed, is read whole. The rest of the file is not
+    decoded; its footer is still found (Capture.events_in_file, .complete).
+    engine: "auto" (the native decoder where allocscope._analysis is built),
+    "native", or "numpy" (the reference decoder).
+    """
+    path = os.fspath(path)
+    if through_step is not None and through_step < 0:
+        raise InputError(f"through_step must be >= 0, not {through_step}")
+    try:
+        with open(path, "rb") as f:
+            data = _map(f) if through_step is not None else f.read()
+    except IsADirectoryError:
+        raise CaptureError(f"{path} is a directory, not a capture file") from None
+    except OSError as e:
+        raise CaptureError(f"cannot read {path}: {e.strerror or e}") from None
+    return _Decoder(path, data, salvage, progress, through_step, engine).run()
+
+
+def _map(f: Any) -> bytes | mmap.mmap:
+    """The file mapped, so that of the part a partial read skips only the
+    chunk headers are read from disk (an empty file cannot be mapped)."""
+    if os.fstat(f.fileno()).st_size == 0:
+        return b""
+    return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+
+
+class _Decoder:
+    def __init__(self, path: str, data: bytes | mmap.mmap, salvage: bool, progress: bool | None,
+                 through_step: int | None = None, engine: str = "auto"):
+        self.path = path
+        self.data = memoryview(data)
+        self.salvage = salvage
+        self.through_step = through_step
+        self.engine = engine
+        self.progress = Progress(f"loading {os.path.basename(path)}", len(data), enabled=progress)
+        self.capture = Capture(path)
+        self.events: EventColumns | None = None  # after the header
+        self.last: dict[str, np.ndarray] = {}  # the columns of the last events chunk
+        self.frame_rows: list[tuple[int, int, int]] = []
+        self.node_rows: list[tuple[int, int]] = []
+
+    def run(self) -> Capture:
+        self._header()
+        # A whole read sizes the columns from the chunk headers first; a
+        # partial one reads no header it does not need, and grows them.
+        expected = self._declared_events() if self.through_step is None else 0
+        self.events = EventColumns(self.capture.version, expected, self.engine)
+        try:
+            for kind, payload, offset in self._chunks():
+                try:
+                    self._chunk(kind, payload)
+                except (ValueError, struct.error, IndexError, OverflowError) as e:  # FormatError is a ValueError
+                    self._damaged(f"chunk at byte {offset} is invalid: {e}")
+                    break
+                end = offset + F.CHUNK_HEADER.size + len(payload)
+                self.progress.update(end)
+                if kind == F.Chunk.EVENTS and self._read_enough():
+                    self._find_footer(end)
+                    break
+        finally:
+            self.progress.close()
+        self._finish()
+        for message in self.capture.warnings:
+            warnings.warn(f"{self.path}: {message}", TruncatedCaptureWarning, stacklevel=3)
+        return self.capture
+
+    def _damaged(self, message: str) -> None:
+        if not self.salvage:
+            raise CorruptCaptureError(f"{self.path}: {message}")
+        self.capture.warnings.append(f"{message}; loaded what precedes it")
+
+    def _header(self) -> None:
+        if len(self.data) == 0:
+            raise NotACaptureError(f"{self.path} is empty, not an allocscope capture file")
+        if len(self.data) < F.HEADER.size or bytes(self.data[:8]) != F.MAGIC:
+            if bytes(self.data[:8]) == F.MAGIC[: min(8, len(self.data))] and len(self.data) < F.HEADER.size:
+                raise CorruptCaptureError(f"{self.path}: the file ends inside its header")
+            raise NotACaptureError(f"{self.path} is not an allocscope capture file")
+        _, version, _flags = F.HEADER.unpack_from(self.data, 0)
+        if version not in F.READABLE_VERSIONS:
+            newer = "newer than" if version > F.FORMAT_VERSION else "older than"
+            raise UnsupportedVersionError(
+                f"{self.path} uses capture format version {version}, {newer} the versions this allocscope reads "
+                f"({', '.join(map(str, F.READABLE_VERSIONS))})")
+        self.capture.version = version
+
+    def _chunks(self) -> Iterator[tuple[int, memoryview, int]]:
+        pos = F.HEADER.size
+        end = len(self.data)
+        while pos < end:
+            if pos + F.CHUNK_HEADER.size > end:
+                self.capture.warnings.append(f"the file ends inside a chunk header at byte {pos}")
+                return
+            kind, zero1, zero2, length, crc = F.CHUNK_HEADER.unpack_from(self.data, pos)
+            if zero1 or zero2 or length > F.MAX_CHUNK:
+                self._damaged(f"chunk header at byte {pos} is invalid")
+                return
+            start = pos + F.CHUNK_HEADER.size
+            if start + length > end:
+                self.capture.warnings.append(
+                    f"the file ends inside a chunk (byte {pos}, {length} bytes declared, {end - start} present)")
+                return
+            payload = self.data[start:start + length]
+            if F.chunk_crc(kind, length, payload) != crc:
+                self._damaged(f"checksum mismatch in the chunk at byte {pos}")
+                return
+            name = F.Chunk(kind).name.lower() if kind in F.Chunk._value2member_map_ else "unknown"
+            self.capture.chunk_bytes[name] = self.capture.chunk_bytes.get(name, 0) + F.CHUNK_HEADER.size + length
+            yield kind, payload, pos
+            pos = start + length
+
+    def _chunk(self, kind: int, payload: memoryview) -> None:
+        c = self.capture
+        if kind == F.Chunk.EVENTS:
+            assert self.events is not None
+            self.last = self.events.add(payload, self._check_references)
+        elif kind == F.Chunk.STRINGS:
+            count, pos = F.table_entries(payload, len(c.strings))
+            for _ in range(count):
+                text, pos = self._text(payload, pos, "string")
+                try:
+                    c.strings.append(text.decode("utf-8"))
+                except UnicodeDecodeError as e:
+                    raise FormatError(f"string is not UTF-8: {e}") from None
+            self._end(payload, pos)
+        elif kind == F.Chunk.FRAMES:
+            count, pos = F.table_entries(payload, len(self.frame_rows))
+            for _ in range(count):
+                filename, pos = F.read_varint(payload, pos)
+                function, pos = F.read_varint(payload, pos)
+                line, pos = F.read_varint(payload, pos)
+                if filename >= len(c.strings) or function >= len(c.strings):
+                    raise FormatError("frame names a string not yet defined")
+                self.frame_rows.append((filename, function, unzigzag(np.array([line], np.uint64))[0]))
+            self._end(payload, pos)
+        elif kind == F.Chunk.STACKS:
+            count, pos = F.table_entries(payload, len(self.node_rows))
+            for _ in range(count):
+                parent, pos = F.read_varint(payload, pos)
+                frame, pos = F.read_varint(payload, pos)
+                n = len(self.node_rows)
+                if n and (parent >= n or frame >= len(self.frame_rows)):
+                    raise FormatError("stack node names an undefined parent or frame")
+                self.node_rows.append((parent, frame))
+            self._end(payload, pos)
+        elif kind == F.Chunk.THREADS:
+            count, pos = F.table_entries(payload, len(c.threads))
+            for _ in range(count):
+                tid, pos = F.read_varint(payload, pos)
+                name, pos = self._text(payload, pos, "thread name")
+                c.threads.append(ThreadInfo(tid, name.decode("utf-8", "replace")))
+            self._end(payload, pos)
+        elif kind == F.Chunk.STREAMS:
+            count, pos = F.table_entries(payload, len(c.streams))
+            for _ in range(count):
+                device, pos = F.read_varint(payload, pos)
+                handle, pos = F.read_varint(payload, pos)
+                c.streams.append(StreamInfo(int(unzigzag(np.array([device], np.uint64))[0]), handle))
+            self._end(payload, pos)
+        elif kind == F.Chunk.METADATA:
+            c.metadata = F.parse_json_object(payload, "metadata")
+        elif kind == F.Chunk.BASELINE:
+            c.baselines.append(F.parse_json_object(payload, "baseline"))
+        elif kind == F.Chunk.FOOTER:
+            footer = F.parse_json_object(payload, "footer")
+            if not all(isinstance(footer.get(k, 0), int) for k in ("events", "dropped")):
+                raise FormatError("footer counts are not integers")
+            c.footer = footer
+        # Unknown chunk types are skipped: a newer writer may add some without
+        # breaking older readers (docs/format.md, "Compatibility").
+
+    def _read_enough(self) -> bool:
+        """Whether the last events block holds the start of step through_step + 2."""
+        if self.through_step is None:
+            return False
+        kind, addr = self.last["kind"], self.last["addr"]
+        phases = (kind & F.KIND_MASK) == EventKind.PHASE
+        if not phases.any() or int(addr[phases].max()) <= self.through_step + 1:
+            return False
+        self.capture.read_until_step = int(addr[phases].max())
+        return True
+
+    def _find_footer(self, pos: int) -> None:
+        """After a partial read: the baselines taken when recording stopped
+        (the allocator's end state, device readings, read as a whole read
+        would) and the footer (recording stopped cleanly, and how many
+        events the file holds). What follows a damaged chunk stays unknown."""
+        skipped = False
+        for kind, at, length, crc in F.chunk_headers(self.data, pos):
+            skipped |= kind == F.Chunk.EVENTS
+            if kind not in (F.Chunk.FOOTER, F.Chunk.BASELINE):
+                continue
+            payload = self.data[at + F.CHUNK_HEADER.size:at + F.CHUNK_HEADER.size + length]
+            try:
+                if F.chunk_crc(kind, length, payload) != crc:
+                    return
+                self._chunk(kind, payload)
+            except ValueError:  # FormatError
+                return
+            if kind == F.Chunk.FOOTER:
+                events = self.capture.footer.get("events") if self.capture.footer else None
+                if not skipped:  # the read stopped in the last events: it read them all
+                    self.capture.read_until_step = None
+                elif isinstance(events, int):
+                    self.capture.events_in_file = events
+                return
+
+    @staticmethod
+    def _text(payload: memoryview, pos: int, what: str) -> tuple[bytes, int]:
+        """A length-prefixed byte string at pos, and the position after it."""
+        n, pos = F.read_varint(payload, pos)
+        if pos + n > len(payload):
+            raise FormatError(f"{what} runs past the end of its chunk")
+        return bytes(payload[pos:pos + n]), pos + n
+
+    @staticmethod
+    def _end(payload: memoryview, pos: int) -> None:
+        if pos != len(payload):
+            raise FormatError("bytes left at the end of a table chunk")
+
+    def _declared_events(self) -> int:
+        """The events the file's chunks say they hold (each EVENTS payload
+        starts with its count); the decoding says what is wrong, if anything."""
+        total = 0
+        for kind, at, length, _ in F.chunk_headers(self.data, F.HEADER.size):
+            if kind == F.Chunk.EVENTS:
+                start = at + F.CHUNK_HEADER.size
+                try:
+                    count, _ = F.read_varint(self.data[start:start + length], 0)
+                except FormatError:
+                    break
+                total += min(count, length)  # a valid chunk holds at most one event per byte
+        return total
+
+    def _check_references(self, cols: dict[str, np.ndarray]) -> None:
+        # Writers put every table entry before its first use, so a reference
+        # beyond the tables read so far means a damaged or forged file.
+        # Before any table chunk, the reserved entries stand in (the root stack,
+        # the overflow thread, no-device and CPU streams).
+        c = self.capture
+        if max(int(cols["stack"].max()), int(cols["op"].max())) >= (len(self.node_rows) or 1):
+            raise FormatError("event names a stack not yet defined")
+        if int(cols["thread"].max()) >= (len(c.threads) or 1):
+            raise FormatError("event names a thread not yet defined")
+        if int(cols["stream"].max()) >= (len(c.streams) or 2):
+            raise FormatError("event names a stream not yet defined")
+
+    def _finish(self) -> None:
+        c = self.capture
+        if self.frame_rows:
+            rows = np.array(self.frame_rows, np.int64)
+            c.frame_file, c.frame_function = rows[:, 0].astype(np.uint32), rows[:, 1].astype(np.uint32)
+            c.frame_line = rows[:, 2].astype(np.int32)
+        nodes = np.array(self.node_rows or [(0, 0)], np.int64).reshape(-1, 2)
+        c.stack_parent, c.stack_frame = nodes[:, 0].astype(np.uint32), nodes[:, 1].astype(np.uint32)
+        if self.events is None or not len(self.events):
+            return
+        cols = self.events.columns()
+        raw_kind = cols["kind"]
+        stream = cols["stream"]
+        stream_device = np.array([s.device for s in c.streams] or [-2, -1], np.int16)
+        c.events = Events(
+            seq=cols["seq"], time_ns=cols["time"], kind=raw_kind & F.KIND_MASK,
+            via_allocator=(raw_kind & F.VIA_ALLOCATOR) != 0, thread=cols["thread"], stream=stream,
+            device=stream_device[stream], addr=cols["addr"], size=cols["size"], block=cols["block"],
+            stack=cols["stack"], arg=cols["arg"], op=cols["op"])
+        if c.footer is not None and c.footer.get("dropped", 0):
+            c.warnings.append(f"{c.footer['dropped']} events were lost to write errors while recording")

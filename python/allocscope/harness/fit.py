@@ -1,0 +1,196 @@
+"""`allocscope fit` as a Python call: a command run on several virtual cards,
+one recorded run per card (or per value of a searched parameter), and the
+fit document (reports/fit.py; docs/report.md, "fit"):
+
+    import allocscope
+    doc = allocscope.fit(["python", "train.py"], ["A100-40GB", "L4-24GB"])
+    doc["fits_everywhere"], [c["verdict"] for c in doc["cards"]]
+
+fit() returns what `allocscope fit --json` prints; the command line renders
+the same document as text (reports.fit.render_fit / render_search)."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import sys
+from typing import Any, Sequence
+
+from ..common.errors import InputError
+from .child import command_line, outputs, wait_for
+from .search import parse_search, search_largest
+
+__all__ = ["fit"]
+
+
+def fit(command: Sequence[str], gpus: Sequence[str], *, output_dir: str = "allocscope-fit", force: bool = False,
+        stacks: str = "python", top: int = 5, search: str | tuple[str, int, int] | None = None,
+        stdout_to_stderr: bool = False) -> dict[str, Any]:
+    """Runs `command` (a script runs with this Python) on a virtual GPU of each
+    model in `gpus` (`allocscope run --gpu list`), recording it into
+    output_dir (one capture per card, kept), and returns the fit document:
+    per card the verdict (fits, out of memory, failed, no capture), the
+    peaks, the headroom, what filled memory at the peak and the post-mortem
+    of an OOM; `top` rows in each breakdown.
+
+    search: "NAME=LOW..HIGH" (or (NAME, LOW, HIGH)): find on each card the
+    largest value of NAME that fits, the value reaching the command through
+    {NAME} in its arguments and the environment variable NAME.
+
+    force: overwrite the captures of an earlier fit in output_dir.
+    stdout_to_stderr: the command's standard output goes to standard error
+    (the command line's --json keeps its own output parseable).
+
+    InputError (one line) for bad input: no command, an unknown GPU, top < 1,
+    captures in the way without force, a search whose run fails for a reason
+    other than memory."""
+    if top < 1:
+        raise InputError("top must be at least 1")
+    cmd = command_line(command, "allocscope fit --gpu A100-40GB -- python train.py")
+    if isinstance(search, str):
+        search = parse_search(search)
+    gpus = list(dict.fromkeys(gpus))
+    if not gpus:
+        raise InputError("no GPU given: --gpu A100-40GB (`allocscope run --gpu list`)")
+    runs = _Runs(cmd, os.path.abspath(output_dir), stacks, top, search, stdout_to_stderr)
+    runs.prepare(gpus, force)
+    if search is None:
+        from ..reports.fit import fit_document
+
+        return fit_document(cmd, [runs.run(gpu) for gpu in gpus])
+    return _search(runs, cmd, gpus, search)
+
+
+def _search(runs: "_Runs", cmd: list[str], gpus: list[str], search: tuple[str, int, int]) -> dict[str, Any]:
+    from ..reports.fit import search_document
+
+    name, low, high = search
+    # Larger cards first: replays of their runs then narrow a smaller card's search (same chip).
+    found: dict[str, dict[str, Any]] = {}
+    for gpu in sorted(gpus, key=lambda g: -_memory(g)):
+        found[gpu] = {"gpu": gpu, **search_largest(low, high, lambda v, gpu=gpu: runs.run(gpu, v),
+                                                    runs.replayed(gpu, list(found)))}
+    return search_document(cmd, name, low, high, [found[gpu] for gpu in gpus])
+
+
+class _Runs:
+    """Runs the command on one virtual card (at one value of the searched
+    parameter) and makes its card_result; captures in `directory`."""
+
+    def __init__(self, cmd: list[str], directory: str, stacks: str, top: int, search: tuple[str, int, int] | None,
+                 stdout_to_stderr: bool):
+        self.cmd, self.directory, self.stacks, self.top, self.search = cmd, directory, stacks, top, search
+        self.stdout_to_stderr = stdout_to_stderr
+        self.ran: dict[tuple[str, int], dict[str, Any]] = {}  # (gpu, value) -> card result, for predictions
+
+    def path(self, gpu: str, value: int | None = None) -> str:
+        suffix = "" if value is None else f".{self.search[0]}={value}"
+        return os.path.join(self.directory, f"{gpu}{suffix}.alsc")
+
+    def existing(self, gpu: str) -> list[str]:
+        """The captures this fit would overwrite (a search's: every value's)."""
+        if not self.search:
+            return outputs(self.path(gpu))
+        pattern = f"{glob.escape(gpu)}.{self.search[0]}=*.alsc"
+        return sorted(glob.glob(os.path.join(glob.escape(self.directory), pattern)))
+
+    def prepare(self, gpus: list[str], force: bool) -> None:
+        """Every card and output checked before the first run."""
+        from .. import vgpu
+
+        for gpu in gpus:
+            vgpu.environment(gpu)
+        os.makedirs(self.directory, exist_ok=True)
+        existing = [p for gpu in gpus for p in self.existing(gpu)]
+        if existing and not force:
+            raise InputError(f"{os.path.relpath(existing[0])} exists; use --force to overwrite it")
+        for path in existing:
+            os.remove(path)
+
+    def run(self, gpu: str, value: int | None = None) -> dict[str, Any]:
+        from .. import vgpu
+        from ..capture.reader import load
+        from ..recording.autostart import child_environment
+        from ..recording.metadata import ENV_FIT
+        from ..reports.fit import card_result
+
+        path = self.path(gpu, value)
+        cmd, env = self.cmd, vgpu.environment(gpu)
+        if value is not None:
+            name = self.search[0]
+            cmd = [a.replace("{" + name + "}", str(value)) for a in cmd]
+            env[name] = str(value)
+        env[ENV_FIT] = json.dumps({"gpu": gpu, "command": cmd, "search": self.search[0] if self.search else None,
+                                   "value": value})
+        where = f"a virtual {gpu}" + ("" if value is None else f" with {self.search[0]}={value}")
+        print(f"allocscope fit: running on {where}", file=sys.stderr)
+        status = wait_for(cmd, child_environment(env, path, {"device": "cuda", "stacks": self.stacks,
+                                                              "auto_watch": True}),
+                          output_to_stderr=self.stdout_to_stderr)
+        written = outputs(path)
+        cap = load(written[0], salvage=True) if written else None
+        card = card_result(gpu, status, cap, capture_path=os.path.relpath(written[0]) if written else None,
+                           top=self.top)
+        if value is None:
+            return card
+        self.ran[(gpu, value)] = card
+        return {"value": value, **card}
+
+    def replayed(self, gpu: str, searched: list[str]) -> dict[int, dict[str, Any]]:
+        """For a search: this card's results foreseen from the runs made on
+        larger cards of the same chip (searched already): a value that ran
+        out of memory there runs out here; one that fit is replayed with
+        this card's memory (the same requests in the same order: torch sees
+        the same device but for its memory)."""
+        from ..allocator.config import recorded_config
+        from ..allocator.replay import replay
+        from ..capture.reader import load
+        from ..reports.allocator import shortfall
+
+        mine = _single_preset(gpu)
+        if mine is None:
+            return {}
+        larger = sorted((p.total_memory, g) for g in searched
+                        if (p := _single_preset(g)) is not None and _same_chip(p, mine)
+                        and p.total_memory > mine.total_memory)
+        known: dict[int, dict[str, Any]] = {}
+        for _, other in reversed(larger):  # the closest in memory last: its replays win
+            for (g, value), card in self.ran.items():
+                if g != other:
+                    continue
+                if card["verdict"] == "out of memory":  # less memory runs out too
+                    known[value] = {"value": value, "verdict": "out of memory", "replayed_from": card["capture"]}
+                elif card["verdict"] == "fits" and card.get("capture"):
+                    cap = load(card["capture"])
+                    rep = replay(cap, recorded_config(cap.baseline("start"), cap.metadata), limit=mine.total_memory)
+                    outside = card.get("outside_allocator_bytes") or 0
+                    known[value] = {"value": value, "verdict": "out of memory" if rep.ooms else "fits",
+                                    "peak_reserved_bytes": rep.peak_reserved, "replayed_from": card["capture"],
+                                    "headroom_bytes": None if rep.ooms else
+                                    mine.total_memory - rep.peak_reserved - outside,
+                                    "shortfall_bytes": shortfall(rep.ooms[0], rep.config) if rep.ooms else None}
+        if known:
+            print(f"allocscope fit: {len(known)} values on a virtual {gpu} foreseen from runs on "
+                  f"{', '.join(g for _, g in larger)}", file=sys.stderr)
+        return known
+
+
+def _memory(gpu: str) -> int:
+    from .. import vgpu
+
+    return sum(p.total_memory for p in vgpu.parse_gpus(gpu))
+
+
+def _single_preset(gpu: str) -> Any:
+    from .. import vgpu
+
+    presets = vgpu.parse_gpus(gpu)
+    return presets[0] if len(presets) == 1 else None
+
+
+def _same_chip(a: Any, b: Any) -> bool:
+    """Whether torch sees the same device but for its memory (and name):
+    the same program then asks for the same memory, in the same order."""
+    return (a.major, a.minor, a.multi_processor_count, a.l2_cache_size) == (b.major, b.minor, b.multi_processor_count,
+                                                                           b.l2_cache_size)

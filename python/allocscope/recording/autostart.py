@@ -1,0 +1,94 @@
+"""Recording in processes started by `allocscope run`.
+
+`allocscope run` puts common/bootstrap/ first on PYTHONPATH (child_environment), so every Python process
+of the command imports its sitecustomize, which calls activate(). That
+installs an import hook: when the process imports torch, recording starts
+(CPU), or is set to start when CUDA initializes (CUDA), so that CUDA is never
+initialized earlier than the program itself would. The recording stops at
+interpreter exit (atexit), on SIGTERM (recorder.cpp), or on an exception that
+ends the program. Processes that never import torch record nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any, Mapping
+
+from ..common.bootstrap import with_bootstrap
+from ..common.torch_hook import after_torch_import
+
+__all__ = ["ENV_OPTIONS", "ENV_OUTPUT", "activate", "child_environment", "output_path"]
+
+ENV_OUTPUT = "ALLOCSCOPE_RUN_OUTPUT"
+ENV_OPTIONS = "ALLOCSCOPE_RUN_OPTIONS"
+
+
+def child_environment(base: Mapping[str, str], output: str, options: dict[str, Any]) -> dict[str, str]:
+    env = dict(base)
+    env[ENV_OUTPUT] = output
+    env[ENV_OPTIONS] = json.dumps(options)
+    return with_bootstrap(env)
+
+
+def output_path(base: str) -> str:
+    """The file this process writes: FILE for the first process of the run,
+    FILE with .rankN (torchrun) or .pidN added for the others."""
+    stem, ext = os.path.splitext(base)
+    rank = os.environ.get("RANK")
+    if rank is not None and rank.isdigit() and os.environ.get("WORLD_SIZE", "1") != "1":
+        return f"{stem}.rank{rank}{ext}"
+    try:
+        os.close(os.open(base, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))  # claim FILE
+        return base
+    except FileExistsError:
+        return f"{stem}.pid{os.getpid()}{ext}"
+
+
+def _start(options: dict[str, Any]) -> None:
+    from .session import Recording
+
+    path = output_path(os.environ[ENV_OUTPUT])
+    rec = Recording(path, device=options.get("device", "cpu"), stacks=options.get("stacks", "python"))
+    try:
+        rec.start()
+        if options.get("auto_watch"):
+            rec.auto_watch()
+    except Exception as e:  # never break the program being recorded
+        print(f"allocscope: could not start recording: {e}", file=sys.stderr)
+        return
+
+    import atexit
+
+    def _report() -> None:
+        summary = rec.stop("exit")
+        if summary:
+            print(f"allocscope: recorded {summary.get('events', 0):,} events into {path}", file=sys.stderr)
+
+    atexit.register(_report)
+
+
+def _on_torch_imported(options: dict[str, Any]) -> None:
+    try:
+        if options.get("device") == "cuda":
+            import torch.cuda
+
+            # Runs inside torch.cuda's lazy initialization, right after CUDA is
+            # up (or now, if it already is). An exception there would break
+            # the program's CUDA init: _start swallows its own.
+            torch.cuda._lazy_call(lambda: _start(options))
+        else:
+            _start(options)
+    except Exception as e:
+        print(f"allocscope: could not start recording: {e}", file=sys.stderr)
+
+
+def activate() -> None:
+    if not os.environ.get(ENV_OUTPUT):
+        return
+    try:
+        options = json.loads(os.environ.get(ENV_OPTIONS, "{}"))
+    except ValueError:
+        options = {}
+    after_torch_import(lambda: _on_torch_imported(options))

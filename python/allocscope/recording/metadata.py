@@ -1,0 +1,100 @@
+"""What a capture records about the process that made it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from typing import Any
+
+from ..capture import format as F
+
+__all__ = ["ENV_FIT", "collect"]
+
+# Set by `allocscope fit` for the runs it makes: {"gpu", "command", "search", "value"}.
+ENV_FIT = "ALLOCSCOPE_FIT"
+
+
+def _distributed() -> dict[str, Any]:
+    info: dict[str, Any] = {}
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            info = {"rank": dist.get_rank(), "world_size": dist.get_world_size(), "backend": str(dist.get_backend())}
+    except Exception:  # a broken process group must not stop a recording
+        pass
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        if key.lower() not in info and key in os.environ:
+            try:
+                info[key.lower()] = int(os.environ[key])
+            except ValueError:
+                pass
+    return info
+
+
+def collect(devices: list[str], stacks: str, ops: bool = True) -> dict[str, Any]:
+    import torch
+
+    from .._version import __version__
+    from ..allocator.config import settings_items
+
+    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or os.environ.get("PYTORCH_ALLOC_CONF")
+    meta: dict[str, Any] = {
+        "allocscope_version": __version__,
+        "format_version": F.FORMAT_VERSION,
+        "start_unix_ns": time.time_ns(),
+        "start_monotonic_ns": time.monotonic_ns(),  # CLOCK_MONOTONIC, the events' clock
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "argv": list(sys.argv),
+        "executable": sys.executable,
+        "cwd": os.getcwd(),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "devices_recorded": devices,
+        "stacks": stacks,
+        "ops": ops,
+        "alloc_conf": {"raw": conf, "parsed": settings_items(conf)},
+        "no_cuda_memory_caching": os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") not in (None, "", "0"),
+        "distributed": _distributed(),
+    }
+    if "cuda" in devices:
+        cuda_devices = []
+        for i in range(torch.cuda.device_count()):
+            p = torch.cuda.get_device_properties(i)
+            cuda_devices.append({"index": i, "name": p.name, "total_memory": int(p.total_memory),
+                                 "capability": f"{p.major}.{p.minor}"})
+        meta["cuda_devices"] = cuda_devices
+        meta["current_device"] = torch.cuda.current_device()
+        meta["allocator_backend"] = torch.cuda.get_allocator_backend()
+        meta.update(_virtual_gpu())
+    meta.update(_fit())
+    return meta
+
+
+def _fit() -> dict[str, Any]:
+    """Which `allocscope fit` run this is, if any (the HTML report opens with its verdict)."""
+    import json
+
+    try:
+        fit = json.loads(os.environ.get(ENV_FIT) or "null")
+    except ValueError:
+        return {}
+    return {"fit": fit} if isinstance(fit, dict) else {}
+
+
+def _virtual_gpu() -> dict[str, Any]:
+    """Which virtual devices the capture was made on (none: a real GPU)."""
+    from .. import vgpu
+
+    if not vgpu.active():
+        return {}
+    state = vgpu.state()
+    return {"virtual_gpu": {
+        "spec": os.environ.get(vgpu.ENV_GPU),
+        "event_polls": state["event_polls"],
+        "devices": [{k: d[k] for k in ("key", "total", "context_bytes")} for d in state["devices"]],
+    }}

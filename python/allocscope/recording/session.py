@@ -1,0 +1,317 @@
+"""Recording: allocscope.record(...) and allocscope.mark(...).
+
+    with allocscope.record("step.alsc"):
+        train_one_step()
+
+One recording at a time per process. It writes a capture file while it runs
+(streamed through a bounded buffer), and a footer when it stops; a process
+that dies mid-recording leaves a readable prefix.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+from ..capture.format import EventKind
+from ..common.errors import InputError
+from ..common.native import native
+
+__all__ = ["AllocscopeError", "Recording", "mark", "record", "watch"]
+
+STACK_MODES = ("python", "none")
+
+
+class AllocscopeError(InputError, RuntimeError):
+    """A recording cannot start as asked (the message says why, in one line)."""
+
+
+_lock = threading.Lock()
+_active: "Recording | None" = None
+_atexit_registered = False
+
+
+def _device_type(device: Any) -> str | None:
+    """'cpu', 'cuda', or None (decide when starting); accepts torch.device too."""
+    if device is None:
+        return None
+    text = str(device)
+    if text == "cpu":
+        return "cpu"
+    if text == "cuda" or (text.startswith("cuda:") and text[5:].isdigit()):
+        return "cuda"
+    raise InputError(f"device must be 'cpu', 'cuda' or None (CUDA if available), not {device!r}")
+
+
+def _resolve_devices(device: Any) -> tuple[str, ...]:
+    kind = _device_type(device)
+    if kind is None:
+        import torch
+
+        kind = "cuda" if torch.cuda.is_available() else "cpu"
+    return (kind,)
+
+
+def _rss_bytes() -> int | None:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class Recording:
+    """A recording of one process's allocations into one capture file.
+
+    Usually made by allocscope.record(); start() and stop() are for code that
+    cannot use a with-block.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, device: Any = None, stacks: str = "python",
+                 ops: bool = True, _check_cuda: bool = True):
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"path must be a str or os.PathLike, not {type(path).__name__}")
+        if stacks not in STACK_MODES:
+            raise InputError(f"stacks must be one of {', '.join(map(repr, STACK_MODES))}, not {stacks!r}")
+        _device_type(device)
+        self.path = os.path.abspath(os.fspath(path))
+        self.stacks = stacks
+        self.ops = bool(ops)
+        self._device = device
+        self._check_cuda = _check_cuda  # False only for the no-GPU test harness
+        self.devices: tuple[str, ...] = ()
+        self.summary: dict[str, Any] | None = None
+        self._running = False
+        self._pid = 0  # the process that started it (a forked child must not stop it)
+        self._watches: list[Any] = []
+        self._auto: Any = None
+
+    @property
+    def active(self) -> bool:
+        return self._running
+
+    def start(self) -> "Recording":
+        global _active, _atexit_registered
+        C = native()
+        self.devices = _resolve_devices(self._device) if self._check_cuda else ("cuda",)
+        if "cuda" in self.devices and self._check_cuda:
+            import torch
+
+            if not C.built_with_cuda():
+                raise AllocscopeError("allocscope was built without CUDA support; rebuild it against a CUDA build of torch")
+            if not torch.cuda.is_available():
+                raise AllocscopeError("CUDA is not available in this process; record with device='cpu'")
+            torch.cuda.init()  # the wrapper needs the allocator initialized
+        with _lock:
+            if _active is not None or C.is_active():
+                where = _active.path if _active is not None else "another file"
+                raise AllocscopeError(f"allocscope is already recording to {where}; one recording at a time")
+            metadata = self._metadata()
+            try:
+                C.start(self.path, json.dumps(metadata), self.stacks == "python", self.ops)
+            except RuntimeError as e:
+                raise AllocscopeError(str(e)) from None
+            try:
+                if "cpu" in self.devices:
+                    C.install_cpu()
+                if "cuda" in self.devices:
+                    C.install_cuda()
+                self._baseline("start")
+            except BaseException as e:
+                self._uninstall(C)
+                C.stop("failed to start")
+                if isinstance(e, RuntimeError):
+                    raise AllocscopeError(str(e).splitlines()[0]) from None
+                raise
+            self._running = True
+            self._pid = os.getpid()
+            _active = self
+            if not _atexit_registered:
+                atexit.register(_stop_at_exit)
+                os.register_at_fork(after_in_child=_forget_in_child)
+                _atexit_registered = True
+        return self
+
+    def stop(self, reason: str = "stopped") -> dict[str, Any]:
+        """Stops recording and finishes the file; returns a summary (events, bytes, ...)."""
+        global _active
+        with _lock:
+            if not self._running:
+                return self.summary or {}
+            if os.getpid() != self._pid:  # a forked child: the parent's recording
+                self._running = False
+                _active = None
+                return {}
+            C = native()
+            if self._auto is not None:
+                self._auto.remove()
+                self._auto = None
+            for w in self._watches:
+                w.remove()
+            self._watches.clear()
+            baseline_error = None
+            try:
+                self._baseline("end")
+            except Exception as e:  # the file must still be finished, and a
+                baseline_error = e  # user's exception must not be masked
+            self._uninstall(C)
+            self.summary = dict(C.stop(reason))
+            self._running = False
+            if _active is self:
+                _active = None
+        if baseline_error is not None:
+            print(f"allocscope: {self.path} has no end baseline: {baseline_error}", file=sys.stderr)
+        if self.summary.get("error"):
+            print(f"allocscope: writing {self.path} failed: {self.summary['error']}; "
+                  f"{self.summary['dropped']} events were lost", file=sys.stderr)
+        return self.summary
+
+    def mark(self, label: str) -> None:
+        """Writes a labelled event (with the caller's stack) into this recording."""
+        if self._running:
+            native().annotate(int(EventKind.MARK), str(label), 0, 0, True)
+
+    def watch(self, model: Any, optimizer: Any = None, *, name: str | None = None) -> Any:
+        """Annotates this recording with model's module scopes, phases and
+        tensor labels (parameters, buffers, gradients, saved activations,
+        inputs, and optimizer's state), so that the analysis can say what
+        each allocation is. Returns an allocscope.Watch; its hooks are
+        removed when the recording stops (or by its remove())."""
+        if not self._running:
+            raise AllocscopeError("this recording is not running; watch() inside the record() block")
+        from .watcher import Watch
+
+        w = self._watch_of(model)
+        if w is not None:  # watched already (by auto_watch, say): the optimizer joins that watch
+            if optimizer is not None:
+                w.add_optimizer(optimizer)
+            return w
+        w = Watch(model, optimizer, name=name, device_types=self.devices)
+        self._watches.append(w)
+        return w
+
+    def auto_watch(self) -> None:
+        """Watches models without watch() calls: each model when it is first
+        called outside any other module, and each optimizer at its first
+        step, with the model whose parameters it steps (`allocscope fit` and
+        the gpu_memory marker do this). A model watched with watch() stays
+        that watch's."""
+        if not self._running:
+            raise AllocscopeError("this recording is not running; auto_watch() inside the record() block")
+        if self._auto is None:
+            from .autowatch import AutoWatch
+
+            self._auto = AutoWatch(self.watch, lambda: list(self._watches))
+
+    def _watch_of(self, model: Any) -> Any:
+        return next((w for w in self._watches if w.model is model), None)
+
+    def _uninstall(self, C: Any) -> None:
+        if "cuda" in self.devices and C.built_with_cuda():
+            C.uninstall_cuda()
+        if "cpu" in self.devices:
+            C.uninstall_cpu()
+
+    def _metadata(self) -> dict[str, Any]:
+        from .metadata import collect
+
+        if self._check_cuda:
+            return collect(list(self.devices), self.stacks, self.ops)
+        return collect(["cpu"], self.stacks, self.ops) | {"devices_recorded": ["cuda"], "fake_cuda": True}
+
+    def _cuda_devices(self) -> list[int]:
+        if not self._check_cuda:
+            return [0]
+        import torch
+
+        current = torch.cuda.current_device()
+        # Only devices this process already uses: asking an unused device for
+        # its memory info would create a CUDA context (hundreds of MiB) there.
+        used = [i for i in range(torch.cuda.device_count()) if torch.cuda.memory_reserved(i) > 0]
+        return sorted({current, *used})
+
+    def _baseline(self, label: str) -> None:
+        C = native()
+        if "cuda" in self.devices:
+            C.add_baseline(C.cuda_baseline_json(label, self._cuda_devices()))
+        if "cpu" in self.devices:
+            C.add_baseline(json.dumps({"label": label, "device_type": "cpu", "seq": C.next_seq(),
+                                       "monotonic_ns": time.monotonic_ns(), "rss_bytes": _rss_bytes()}))
+
+    def __repr__(self) -> str:
+        state = "recording" if self._running else "stopped"
+        return f"<allocscope.Recording {self.path!r} {'+'.join(self.devices) or '?'} {state}>"
+
+
+class record(contextlib.ContextDecorator):
+    """Records every allocation and free made while the block runs.
+
+    path: the capture file to write (overwritten).
+    device: 'cuda', 'cpu', or None for CUDA when available, else the CPU.
+    stacks: 'python' records the Python stack of every allocation; 'none' does not.
+    ops: record the op behind every allocation (and give allocations in
+    backward the Python stack of their forward op); it costs a little on
+    every op, allocating or not.
+
+    Used as a decorator, each call records anew into the same file.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, device: Any = None, stacks: str = "python",
+                 ops: bool = True):
+        self._args = (path, device, stacks, ops)
+        Recording(path, device=device, stacks=stacks, ops=ops)  # validate the arguments now
+        self._recordings: list[Recording] = []
+
+    def __enter__(self) -> Recording:
+        path, device, stacks, ops = self._args
+        rec = Recording(path, device=device, stacks=stacks, ops=ops).start()
+        self._recordings.append(rec)
+        return rec
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        rec = self._recordings.pop()
+        rec.stop("stopped" if exc_type is None else f"exception: {exc_type.__name__}")
+        return False
+
+
+def mark(label: str) -> bool:
+    """Writes a labelled event into the active recording's stream.
+
+    Returns False (and does nothing) when no recording is active. Cheap enough
+    to call every step.
+    """
+    rec = _active
+    if rec is None:
+        return False
+    return bool(native().annotate(int(EventKind.MARK), str(label), 0, 0, True))
+
+
+def watch(model: Any, optimizer: Any = None, *, name: str | None = None) -> Any:
+    """Recording.watch() on the active recording (the one `allocscope run`
+    started, for instance). Returns None, and does nothing, when no recording
+    is active, so a script can keep the call when run without allocscope."""
+    rec = _active
+    if rec is None:
+        return None
+    return rec.watch(model, optimizer, name=name)
+
+
+def _forget_in_child() -> None:
+    # The parent's recording is not the child's: the native side stops
+    # recording in the child, and mark() and stop() there do nothing.
+    global _active
+    if _active is not None:
+        _active._running = False
+        _active = None
+
+
+def _stop_at_exit() -> None:
+    rec = _active
+    if rec is not None:
+        rec.stop("atexit")

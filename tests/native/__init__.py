@@ -1,0 +1,1 @@
+"""The test-only native harness (csrc/testing/), built here by build.py."""
