@@ -26,15 +26,16 @@ VGPU ?= H100-80GB
 # Two sessions: the virtual GPU makes CUDA available to the whole process,
 # which would change what the CPU-path tests exercise. $(3): more of the
 # marker expression (the compat torch runs only what depends on torch).
-PYTEST_SESSIONS = echo "allocscope tests: $$($(1) -c 'import torch; print(torch.__version__)'), not cuda $(3)" && \
-	$(1) -m pytest -q tests -m "not cuda $(3)" $(2) && \
-	echo "allocscope tests: $$($(1) -c 'import torch; print(torch.__version__)'), cuda on a virtual $(VGPU) $(3)" && \
+PYTEST_CPU = echo "allocscope tests: $$($(1) -c 'import torch; print(torch.__version__)'), not cuda $(3)" && \
+	$(1) -m pytest -q tests -m "not cuda $(3)" $(2)
+PYTEST_CUDA = echo "allocscope tests: $$($(1) -c 'import torch; print(torch.__version__)'), cuda on a virtual $(VGPU) $(3)" && \
 	$(1) -m pytest -q tests -m "cuda $(3)" --vgpu $(VGPU) --tb=short $(2)
+PYTEST_SESSIONS = $(call PYTEST_CPU,$(1),$(2),$(3)) && $(call PYTEST_CUDA,$(1),$(2),$(3))
 GPU_CHECK_OUT ?= gpu-check
 # e.g. "--deadline $$(($$(date +%s) + 540))" to end inside a time limit
 GPU_CHECK_ARGS ?=
 
-.PHONY: demo test test-main test-compat test-system gpu-check browser bench clean
+.PHONY: demo test test-main test-main-cpu test-main-cuda test-compat test-system gpu-check browser bench clean
 
 # CUDA first: on the GPU if there is one, else on a virtual H100 (torch's real
 # caching allocator); then a shorter CPU recording.
@@ -47,12 +48,19 @@ demo: $(VENV)/.built
 	$(PY) -m allocscope run --device cpu -f -o demo-cpu.alsc -- $(PY) examples/train.py --steps 2 --device cpu
 	$(PY) -m allocscope info demo-cpu.alsc
 
-# Both torch builds at once, each target's output printed whole when it ends.
+# Two jobs at a time, one a core, each target's output printed whole when it
+# ends: the main torch's CPU-path session beside the compat torch's set-up
+# and sessions, then the main torch's cuda session in the slot that frees.
 test:
-	@$(MAKE) --no-print-directory -j2 --output-sync=target test-main test-compat
+	@$(MAKE) --no-print-directory -j2 --output-sync=target test-main-cpu test-compat test-main-cuda
 
-test-main: browser $(VENV)/.built
-	$(call PYTEST_SESSIONS,$(PY),,)
+test-main: test-main-cpu test-main-cuda
+
+test-main-cpu: browser $(VENV)/.built
+	$(call PYTEST_CPU,$(PY),-p no:cacheprovider,)
+
+test-main-cuda: $(VENV)/.built
+	$(call PYTEST_CUDA,$(PY),-p no:cacheprovider,)
 
 # The HTML report's tests drive a headless Chromium from Debian's packages.
 # Without one (no root, no package mirror) those tests are skipped, loudly;

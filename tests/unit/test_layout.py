@@ -291,3 +291,23 @@ def test_csrc_has_one_folder_per_binary():
         assert not re.search(r"#include [<\"](torch|c10|ATen)/", path.read_text()), path.name
     # The test harness is no part of the package: no package data, no extension of allocscope's names it.
     assert "testing" not in " ".join(setup._RECORDER_SOURCES + setup._ANALYSIS_SOURCES)
+
+
+def test_the_public_names_and_entry_points_keep_working():
+    """What users type stays where it was when modules move: the package's
+    names, the console script, the pytest plugin, `python -m allocscope`."""
+    import importlib.metadata
+    import subprocess
+    import sys
+
+    import allocscope
+    from allocscope.cli import main
+
+    for name in ("record", "load", "watch", "mark", "fit", "Recording", "Watch", "Capture", "InputError", "vgpu"):
+        assert name in allocscope.__all__ and getattr(allocscope, name) is not None, name
+    (plugin,) = [e for e in importlib.metadata.entry_points(group="pytest11") if e.name == "allocscope"]
+    assert plugin.load().__name__ == "allocscope.harness.pytest_plugin"
+    (script,) = [e for e in importlib.metadata.entry_points(group="console_scripts") if e.name == "allocscope"]
+    assert script.load() is main
+    version = subprocess.run([sys.executable, "-m", "allocscope", "--version"], capture_output=True, text=True)
+    assert version.stdout.strip() == f"allocscope {allocscope.__version__}"
