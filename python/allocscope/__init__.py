@@ -14,6 +14,8 @@ and ``allocscope dump`` show them on the command line.
 
 Without a GPU, ``allocscope.vgpu`` runs torch's real CUDA caching allocator on a
 virtual card of a chosen model (``allocscope run --gpu H100-80GB``).
+``allocscope.fit(["python", "train.py"], ["A100-40GB"])`` runs a command on
+virtual cards and says whether it fits on each (``allocscope fit``).
 
 Importing allocscope does nothing else: torch and the native core load on
 first use, and reading captures needs neither.

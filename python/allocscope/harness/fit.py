@@ -48,8 +48,8 @@ def fit(command: Sequence[str], gpus: Sequence[str], *, output_dir: str = "alloc
     if top < 1:
         raise InputError("top must be at least 1")
     cmd = command_line(command, "allocscope fit --gpu A100-40GB -- python train.py")
-    if isinstance(search, str):
-        search = parse_search(search)
+    if search is not None:  # one check for the text and the tuple
+        search = parse_search(search if isinstance(search, str) else "{}={}..{}".format(*search))
     gpus = list(dict.fromkeys(gpus))
     if not gpus:
         raise InputError("no GPU given: --gpu A100-40GB (`allocscope run --gpu list`)")
