@@ -265,8 +265,9 @@ def _without_addresses(value):
 def test_the_python_api_returns_the_document_fit_json_prints(tmp_path, script, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("FIT_TRUTH", str(tmp_path / "truth.jsonl"))
-    doc = allocscope.fit([script, "1"], ["L4-24GB"], output_dir="api", stdout_to_stderr=True)
-    result = fit(tmp_path, "--gpu", "L4-24GB", "-o", "api", "-f", "--json", "--", script, "1")
+    # The interpreter named (not implied for the script): the same command line both ways.
+    doc = allocscope.fit([sys.executable, script, "1"], ["L4-24GB"], output_dir="api", stdout_to_stderr=True)
+    result = fit(tmp_path, "--gpu", "L4-24GB", "-o", "api", "-f", "--json", "--", sys.executable, script, "1")
     assert result.returncode == 0, result.stderr
     assert _without_addresses(doc) == _without_addresses(json.loads(result.stdout))
     assert doc["cards"][0]["verdict"] == "fits" and doc["cards"][0]["capture"] == os.path.join("api", "L4-24GB.alsc")
