@@ -80,22 +80,20 @@ PYBIND11_MODULE(_C, m) {
   // tests/unit/test_format_constants.py compares the two).
   m.def("format_constants", [] {
     py::dict d, kinds, chunks, columns;
-#define ALLOCSCOPE_ADD(table) [&](const char* name, int value) { table[name] = value; }
-#define ALLOCSCOPE_ITEM(cpp, name, value) add(#name, format::cpp);
+#define ALLOCSCOPE_ITEM(cpp, name, value) table[#name] = int{format::cpp};
     {
-      auto add = ALLOCSCOPE_ADD(kinds);
+      py::dict& table = kinds;
       ALLOCSCOPE_EVENT_KINDS(ALLOCSCOPE_ITEM)
     }
     {
-      auto add = ALLOCSCOPE_ADD(chunks);
+      py::dict& table = chunks;
       ALLOCSCOPE_CHUNK_TYPES(ALLOCSCOPE_ITEM)
     }
     {
-      auto add = ALLOCSCOPE_ADD(columns);
+      py::dict& table = columns;
       ALLOCSCOPE_COLUMNS(ALLOCSCOPE_ITEM)
     }
 #undef ALLOCSCOPE_ITEM
-#undef ALLOCSCOPE_ADD
     d["magic"] = py::bytes(format::kMagic, sizeof(format::kMagic));
     d["version"] = format::kFormatVersion;
     d["header_size"] = format::kHeaderSize;
