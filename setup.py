@@ -90,14 +90,26 @@ def _vgpu_include_dirs(major: int) -> list[str] | None:
 # torch's imports name (None: unversioned, as the real library is).
 def _vgpu_libraries(major: int) -> list[tuple[str, list[str], list[str], str | None]]:
     return [
-        ("libvgpu.so", ["devices.cpp", "memory.cpp", "streams.cpp"], [], None),
+        ("libvgpu.so", ["devices.cpp", "memory.cpp", "shared.cpp", "streams.cpp"], [], None),
         ("libcuda.so.1", ["driver.cpp"], ["libvgpu.so"], None),
         (f"libcudart.so.{major}", ["cudart.cpp", "cudart_memory.cpp", "cudart_streams.cpp"],
          ["libcuda.so.1", "libvgpu.so"], f"libcudart.so.{major}"),
         ("libnvidia-ml.so.1", ["nvml.cpp"], ["libvgpu.so"], None),
         (f"libcublasLt.so.{major}", ["cublaslt.cpp"], [], f"libcublasLt.so.{major}"),
         (f"libcublas.so.{major}", ["cublas.cpp", "cublas_inert.cpp"], ["libvgpu.so"], f"libcublas.so.{major}"),
+        # Unversioned, as the real libnccl.so.2 is.
+        ("libnccl.so.2", ["nccl.cpp"], ["libvgpu.so"], None),
     ]
+
+
+def _nccl_include_dir() -> str | None:
+    """The folder of the nccl.h torch was built against (the nvidia-nccl
+    wheel torch depends on)."""
+    for site in sys.path:
+        d = os.path.join(site, "nvidia", "nccl", "include")
+        if os.path.isfile(os.path.join(d, "nccl.h")):
+            return d
+    return None
 
 
 def build_vgpu(out_dir: str, work_dir: str) -> bool:
@@ -117,10 +129,17 @@ def build_vgpu(out_dir: str, work_dir: str) -> bool:
     os.makedirs(out_dir, exist_ok=True)
     os.makedirs(work_dir, exist_ok=True)
     opt = os.environ.get("ALLOCSCOPE_OPT", "-O2")
+    nccl = _nccl_include_dir()
     for name, sources, links, version_node in _vgpu_libraries(major):
+        extra = []
+        if name.startswith("libnccl"):
+            if nccl is None:
+                print("allocscope: nccl.h not found: the virtual GPU has no NCCL", file=sys.stderr)
+                continue
+            extra = [nccl]
         cmd = [cxx, "-std=c++17", opt, "-fPIC", "-shared", "-fvisibility=hidden", "-Wall", "-Wextra",
                "-Wno-unused-parameter", "-Wno-deprecated-declarations", f"-I{src}"]
-        cmd += [f"-I{d}" for d in includes]
+        cmd += [f"-I{d}" for d in [*includes, *extra]]
         cmd += [os.path.join(src, s) for s in sources]
         cmd += ["-o", os.path.join(out_dir, name), f"-Wl,-soname,{name}", f"-L{out_dir}", "-Wl,-rpath,$ORIGIN",
                 "-Wl,--no-undefined"]

@@ -70,9 +70,20 @@ VGPU_API Result set_current_device(int device);
 
 VGPU_API Result create_context(int device);  // once per device; later calls do nothing
 VGPU_API Result mem_info(int device, uint64_t* free, uint64_t* total);
+// What the card has in use: this process's context and allocations, and,
+// where the processes of a run share their cards (ALLOCSCOPE_VGPU_SHARED,
+// shared.h), every other process's.
 VGPU_API uint64_t used_bytes(int device);
+VGPU_API uint64_t own_bytes(int device);  // this process's alone
+// What the other processes of the run hold on the card, and how many of
+// them created a context there.
+VGPU_API uint64_t other_process_bytes(int device, int* contexts);
 VGPU_API Result malloc_device(int device, size_t size, void** out);
 VGPU_API Result free_device(void* ptr);  // the start of a malloc_device allocation, or nullptr
+// A malloc_device allocation that NCCL makes for itself (its connection
+// buffers): counted apart so that reports can name it. Freed by free_device.
+VGPU_API Result malloc_nccl(int device, size_t size, void** out);
+VGPU_API uint64_t nccl_bytes(int device);
 
 // Virtual memory management (the driver's cuMem* entry points).
 VGPU_API Result va_reserve(size_t size, size_t alignment, void** out);

@@ -226,7 +226,13 @@ const char* allocscope_vgpu_state_json() {
     const vgpu::DeviceInfo* d = vgpu::device(i);
     json += (i == 0 ? "{" : ", {") + std::string("\"key\": ") + json_string(d->preset->key) +
             ", \"total\": " + std::to_string(d->total) + ", \"context_bytes\": " + std::to_string(d->context_bytes) +
-            ", \"used\": " + std::to_string(vgpu::used_bytes(i)) + "}";
+            ", \"used\": " + std::to_string(vgpu::used_bytes(i)) +
+            ", \"own\": " + std::to_string(vgpu::own_bytes(i)) +
+            ", \"nccl\": " + std::to_string(vgpu::nccl_bytes(i));
+    int contexts = 0;
+    uint64_t others = vgpu::other_process_bytes(i, &contexts);
+    json += ", \"other_processes\": " + std::to_string(others) +
+            ", \"other_contexts\": " + std::to_string(contexts) + "}";
   }
   json += "]}";
   return json.c_str();

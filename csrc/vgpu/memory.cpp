@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core.h"
+#include "shared.h"
 
 namespace vgpu {
 namespace {
@@ -95,6 +96,7 @@ struct Mapping {
   size_t size;
   int device;
   uint64_t handle;  // 0: a malloc_device allocation, which owns its charge
+  bool nccl = false;  // NCCL's own buffers (malloc_nccl)
 };
 
 struct Physical {
@@ -105,7 +107,8 @@ struct Physical {
 };
 
 struct DeviceMemory {
-  uint64_t used = 0;
+  uint64_t used = 0;  // by this process
+  uint64_t nccl = 0;  // of which NCCL's own buffers
   bool context = false;
 };
 
@@ -122,19 +125,32 @@ struct Memory {
 
   Memory() : devices(static_cast<size_t>(device_count())) {}
 
+  // What the card has in use: every process's where the cards are shared.
+  uint64_t card_used(int device) {
+    return shared::enabled() ? shared::used(device) : devices[device].used;
+  }
+
   bool charge(int device, uint64_t n) {
     DeviceMemory& d = devices[device];
-    if (d.used + n > vgpu::device(device)->total) return false;
+    uint64_t total = vgpu::device(device)->total;
+    if (shared::enabled() ? !shared::charge(device, n, total, false) : d.used + n > total) return false;
     d.used += n;
     return true;
   }
-  void uncharge(int device, uint64_t n) { devices[device].used -= std::min(devices[device].used, n); }
+  void uncharge(int device, uint64_t n) {
+    n = std::min(devices[device].used, n);
+    devices[device].used -= n;
+    shared::uncharge(device, n);
+  }
 
   void context(int device) {
     DeviceMemory& d = devices[device];
     if (d.context) return;
     d.context = true;
-    d.used += vgpu::device(device)->context_bytes;
+    uint64_t n = vgpu::device(device)->context_bytes;
+    d.used += n;
+    shared::charge(device, n, 0, /*force=*/true);
+    shared::note_context(device);
   }
 
   // The mapping containing p, or mapped.end().
@@ -196,7 +212,7 @@ Result mem_info(int device, uint64_t* free, uint64_t* total) {
   Lock lock(s.mu);
   uint64_t t = vgpu::device(device)->total;
   *total = t;
-  *free = t - std::min(t, s.devices[device].used);
+  *free = t - std::min(t, s.card_used(device));
   return Result::kOk;
 }
 
@@ -204,7 +220,38 @@ uint64_t used_bytes(int device) {
   if (vgpu::device(device) == nullptr) return 0;
   Memory& s = state();
   Lock lock(s.mu);
+  return s.card_used(device);
+}
+
+uint64_t own_bytes(int device) {
+  if (vgpu::device(device) == nullptr) return 0;
+  Memory& s = state();
+  Lock lock(s.mu);
   return s.devices[device].used;
+}
+
+uint64_t other_process_bytes(int device, int* contexts) {
+  *contexts = 0;
+  if (vgpu::device(device) == nullptr) return 0;
+  return shared::others(device, contexts);
+}
+
+Result malloc_nccl(int device, size_t size, void** out) {
+  Result r = malloc_device(device, size, out);
+  if (r == Result::kOk && *out != nullptr) {
+    Memory& s = state();
+    Lock lock(s.mu);
+    s.mapped[reinterpret_cast<uintptr_t>(*out)].nccl = true;
+    s.devices[device].nccl += s.mapped[reinterpret_cast<uintptr_t>(*out)].size;
+  }
+  return r;
+}
+
+uint64_t nccl_bytes(int device) {
+  if (vgpu::device(device) == nullptr) return 0;
+  Memory& s = state();
+  Lock lock(s.mu);
+  return s.devices[device].nccl;
 }
 
 Result malloc_device(int device, size_t size, void** out) {
@@ -237,6 +284,7 @@ Result free_device(void* ptr) {
   decommit(it->first, it->second.size);
   s.arena.give(it->first, it->second.size);
   s.uncharge(it->second.device, it->second.size);
+  if (it->second.nccl) s.devices[it->second.device].nccl -= it->second.size;
   s.mapped.erase(it);
   return Result::kOk;
 }

@@ -155,3 +155,19 @@ def test_every_error_the_stand_ins_return_has_its_name_and_message():
             got_name, text = got[table][str(code)]
             assert got_name == name, (table, code, got_name)
             assert text and (code == 0) == (text == "no error") and text != "unknown error", (table, code, text)
+
+
+def test_every_nccl_function_torch_imports_is_defined_unversioned():
+    """torch's libraries import NCCL's functions without a version (libnccl.so.2
+    has none); the stand-in must define each one, and nothing else by the
+    real library's SONAME."""
+    wanted = {name for path in TORCH_LIBS for name, version in _symbols(path, "--undefined-only")
+              if version is None and name.startswith("nccl")}
+    assert "ncclAllReduce" in wanted  # libtorch_cuda's imports were read
+    path = os.path.join(vgpu.LIB_DIR, "libnccl.so.2")
+    if not os.path.exists(path):
+        pytest.skip("built without nccl.h: the virtual GPU has no NCCL")
+    defined = {name for name, version in _defined("libnccl.so.2") if version is None}
+    assert not wanted - defined, f"libnccl.so.2 stand-in lacks {sorted(wanted - defined)}"
+    soname = subprocess.run(["readelf", "-d", path], capture_output=True, text=True, check=True).stdout
+    assert "[libnccl.so.2]" in soname

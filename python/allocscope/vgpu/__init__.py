@@ -75,14 +75,15 @@ def _libraries() -> list[str]:
     """The stand-ins in load order (each after what it links), whatever CUDA
     major version they were built for."""
     names = sorted(os.listdir(LIB_DIR)) if os.path.isdir(LIB_DIR) else []
-    order = ["libvgpu.so", "libcuda.so.1", "libnvidia-ml.so.1", "libcublasLt.so.", "libcublas.so.", "libcudart.so."]
+    order = ["libvgpu.so", "libcuda.so.1", "libnvidia-ml.so.1", "libcublasLt.so.", "libcublas.so.", "libcudart.so.",
+             "libnccl.so.2"]
     return [n for prefix in order for n in names if n == prefix or (prefix.endswith(".") and n.startswith(prefix))]
 
 
 def available() -> bool:
     """Whether this allocscope was built with the virtual GPU (it needs a CUDA
     build of torch and the CUDA headers at build time)."""
-    return len(_libraries()) == 6
+    return len([n for n in _libraries() if not n.startswith("libnccl")]) == 6
 
 
 def _core() -> ctypes.CDLL:
@@ -221,6 +222,7 @@ def activate(gpu: str, *, memory: int | str | None = None, context: int | str | 
 
     after_torch_import(_turn_cudnn_off)
     after_torch_import(_exit_grace)
+    after_torch_import(_distributed)
 
 
 def _turn_cudnn_off() -> None:
@@ -233,6 +235,12 @@ def _turn_cudnn_off() -> None:
 
     torch.backends.cudnn.enabled = False
     torch.backends.cuda.enable_cudnn_sdp(False)
+
+
+def _distributed() -> None:
+    from .distributed import install
+
+    install()
 
 
 # How long the interpreter waits at exit for autograd's device threads.
