@@ -83,7 +83,9 @@ VGPU_API Result free_device(void* ptr);  // the start of a malloc_device allocat
 // A malloc_device allocation that NCCL makes for itself (its connection
 // buffers): counted apart so that reports can name it. Freed by free_device.
 VGPU_API Result malloc_nccl(int device, size_t size, void** out);
-VGPU_API uint64_t nccl_bytes(int device);
+VGPU_API uint64_t nccl_bytes(int device, uint64_t* peak = nullptr);  // now, and the most ever held
+// Contexts created on the card by any process of the run, ever.
+VGPU_API int contexts_created(int device);
 
 // Virtual memory management (the driver's cuMem* entry points).
 VGPU_API Result va_reserve(size_t size, size_t alignment, void** out);

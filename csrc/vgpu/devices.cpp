@@ -224,11 +224,15 @@ const char* allocscope_vgpu_state_json() {
   json = "{\"event_polls\": " + std::to_string(vgpu::event_polls()) + ", \"devices\": [";
   for (int i = 0; i < vgpu::device_count(); ++i) {
     const vgpu::DeviceInfo* d = vgpu::device(i);
+    uint64_t nccl_peak = 0;
+    uint64_t nccl = vgpu::nccl_bytes(i, &nccl_peak);
     json += (i == 0 ? "{" : ", {") + std::string("\"key\": ") + json_string(d->preset->key) +
             ", \"total\": " + std::to_string(d->total) + ", \"context_bytes\": " + std::to_string(d->context_bytes) +
             ", \"used\": " + std::to_string(vgpu::used_bytes(i)) +
             ", \"own\": " + std::to_string(vgpu::own_bytes(i)) +
-            ", \"nccl\": " + std::to_string(vgpu::nccl_bytes(i));
+            ", \"nccl\": " + std::to_string(nccl) +
+            ", \"nccl_peak\": " + std::to_string(nccl_peak) +
+            ", \"contexts_created\": " + std::to_string(vgpu::contexts_created(i));
     int contexts = 0;
     uint64_t others = vgpu::other_process_bytes(i, &contexts);
     json += ", \"other_processes\": " + std::to_string(others) +

@@ -109,6 +109,7 @@ struct Physical {
 struct DeviceMemory {
   uint64_t used = 0;  // by this process
   uint64_t nccl = 0;  // of which NCCL's own buffers
+  uint64_t nccl_peak = 0;
   bool context = false;
 };
 
@@ -242,16 +243,25 @@ Result malloc_nccl(int device, size_t size, void** out) {
     Memory& s = state();
     Lock lock(s.mu);
     s.mapped[reinterpret_cast<uintptr_t>(*out)].nccl = true;
-    s.devices[device].nccl += s.mapped[reinterpret_cast<uintptr_t>(*out)].size;
+    DeviceMemory& d = s.devices[device];
+    d.nccl += s.mapped[reinterpret_cast<uintptr_t>(*out)].size;
+    d.nccl_peak = std::max(d.nccl_peak, d.nccl);
   }
   return r;
 }
 
-uint64_t nccl_bytes(int device) {
+uint64_t nccl_bytes(int device, uint64_t* peak) {
   if (vgpu::device(device) == nullptr) return 0;
   Memory& s = state();
   Lock lock(s.mu);
+  if (peak != nullptr) *peak = s.devices[device].nccl_peak;
   return s.devices[device].nccl;
+}
+
+int contexts_created(int device) {
+  if (vgpu::device(device) == nullptr) return 0;
+  if (!shared::enabled()) return state().devices[device].context ? 1 : 0;
+  return shared::contexts_created(device);
 }
 
 Result malloc_device(int device, size_t size, void** out) {

@@ -32,6 +32,7 @@ struct Slot {
 struct File {
   std::atomic<uint64_t> magic;
   std::atomic<uint64_t> used[kDevices];
+  std::atomic<uint32_t> contexts_created[kDevices];  // by any process, ever
   Slot slots[kSlots];
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<int32_t>::is_always_lock_free,
@@ -138,7 +139,15 @@ void uncharge(int device, uint64_t n) {
 
 void note_context(int device) {
   Mine& m = mine();
-  if (m.slot != nullptr && device >= 0 && device < kDevices) m.slot->contexts.fetch_or(1u << device);
+  if (m.slot == nullptr || device < 0 || device >= kDevices) return;
+  m.slot->contexts.fetch_or(1u << device);
+  m.file->contexts_created[device].fetch_add(1);
+}
+
+int contexts_created(int device) {
+  Mine& m = mine();
+  return m.slot == nullptr || device < 0 || device >= kDevices ? 0
+                                                                : static_cast<int>(m.file->contexts_created[device]);
 }
 
 uint64_t used(int device) {

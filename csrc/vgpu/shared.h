@@ -24,6 +24,9 @@ void note_context(int device);
 uint64_t used(int device);
 // What the other processes hold on it, and how many of them have a context there.
 uint64_t others(int device, int* contexts);
+// How many contexts any process of the run created on the device, ever
+// (0 where the cards are not shared).
+int contexts_created(int device);
 
 }  // namespace shared
 }  // namespace vgpu

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ..allocator.segments import outside_allocator
+from ..allocator.segments import nccl_memory, outside_allocator
 from ..capture.format import EventKind
 from .categories import Attribution
 from .timeline import Moment, Timeline
@@ -165,9 +165,23 @@ def waterfall(att: Attribution, m: Moment, th: dict[str, Any], tl: Timeline) -> 
                            "process, a library) was released since, so earlier moments may have used more")
             if at_start is not None and at_start != outside:
                 measured["outside_allocator_at_start_bytes"] = at_start
+            nccl = nccl_memory(base)
+            if nccl is not None and nccl[1] > 0:
+                # NCCL's buffers live as long as their communicators: a run
+                # that destroys its process group before recording ends
+                # held them at its peak all the same.
+                now, peak = nccl
+                items.append({"item": "nccl", "bytes": peak,
+                              "detail": "NCCL's own device memory: connection buffers per channel and peer, NVLS "
+                                        "(the virtual NCCL's model, docs/vgpu.md)" +
+                                        ("" if now == peak else "; its most, held until the process group was "
+                                                                "destroyed")})
+                outside -= now
+                detail = detail.replace("the CUDA context, libraries", "the CUDA context, other libraries")
             items.append({"item": "outside_allocator", "bytes": outside, "detail": detail})
-            measured["device_used_bytes"] = reserved + outside
-            basis, total = "device_used", reserved + outside
+            device_used = reserved + outside + (nccl[1] if nccl is not None else 0)
+            measured["device_used_bytes"] = device_used
+            basis, total = "device_used", device_used
     measured["basis"] = basis
     measured["total_bytes"] = total
     got = int(th["total"]) + sum(int(i["bytes"]) for i in items)

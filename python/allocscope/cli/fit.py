@@ -43,6 +43,7 @@ examples:
   allocscope fit --gpu A100-40GB --gpu L4-24GB -- python train.py --steps 2
   allocscope fit --gpu T4-16GB --json -- train.py --batch-size 64
   allocscope fit --gpu A100-40GB --search BATCH=1..1024 -- python train.py --batch-size {BATCH}
+  allocscope fit --gpu H100-80GB --world-size 1024 --rank 0 --rank 1023 -- python train.py
   allocscope run --gpu list                         (the models)
 """
 
@@ -60,6 +61,9 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--search", metavar="NAME=LOW..HIGH", type=_search_range,
                         help="find the largest value of NAME in LOW..HIGH that fits ({NAME} in the command, "
                              "and the environment variable NAME)")
+    from .run import add_world_arguments
+
+    add_world_arguments(parser)
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND",
                         help="the command to run, after --")
 
@@ -77,12 +81,13 @@ def _search_range(text: str) -> tuple[str, int, int]:
 def run(args: argparse.Namespace) -> int:
     from ..common.errors import InputError
     from ..harness.fit import fit
+    from .run import world_from
     from ..reports.fit import render_fit, render_search
 
     if args.top < 1:
         raise InputError("--top must be at least 1")
     doc = fit(args.command, args.gpu, output_dir=args.output_dir, force=args.force, stacks=args.stacks, top=args.top,
-              search=args.search, stdout_to_stderr=args.json)
+              search=args.search, stdout_to_stderr=args.json, world=world_from(args))
     if args.json:
         print(json.dumps(doc, indent=1))
     else:

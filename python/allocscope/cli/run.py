@@ -26,7 +26,14 @@ examples:
   allocscope run --gpu H100-80GB -o h100.alsc -- python train.py
   allocscope run --gpu A100-40GB --gpu-memory 12GiB -o small.alsc -- python train.py
   allocscope run --gpu A100-40GB --no-record -- python train.py
+  allocscope run --gpu 2xH100-80GB -o ddp.alsc -- torchrun --nproc-per-node 2 train.py
+  allocscope run --gpu H100-80GB --world-size 1024 --rank 0 --rank 7 -o job.alsc -- python train.py
   allocscope run --gpu list
+
+With --world-size, each rank given (--rank, default 0) runs alone, as that
+rank of a job of that many processes (torchrun's environment, backend nccl
+without peers), on its own virtual node of --gpus-per-node cards; its capture
+is FILE with .rankN added. `allocscope report FILE` reports across the ranks.
 """
 
 
@@ -42,8 +49,29 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
                              "(H100-80GB,L4-24GB), or `list` to list the models")
     parser.add_argument("--gpu-memory", metavar="SIZE", help="the virtual GPU's total memory (e.g. 12GiB)")
     parser.add_argument("--no-record", action="store_true", help="run on the virtual GPU without recording")
+    add_world_arguments(parser)
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND",
                         help="the command to run, after --")
+
+
+def add_world_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--world-size", type=int, metavar="N",
+                        help="run ranks of a job of N processes, each alone on a virtual card (needs --gpu)")
+    parser.add_argument("--rank", type=int, action="append", metavar="R",
+                        help="a rank to run with --world-size (repeat for several; default 0)")
+    parser.add_argument("--gpus-per-node", type=int, default=8, metavar="G",
+                        help="virtual cards per node with --world-size (LOCAL_RANK = rank %% G; default 8)")
+
+
+def world_from(args: argparse.Namespace):  # -> World | None
+    from ..common.errors import InputError
+    from ..harness.world import parse_world
+
+    if args.world_size is None:
+        if args.rank:
+            raise InputError("--rank chooses ranks of --world-size: give --world-size too")
+        return None
+    return parse_world(args.world_size, args.rank, args.gpus_per_node)
 
 
 def _list_gpus() -> int:
@@ -72,7 +100,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_record and not args.output:
         raise InputError("give the capture file: allocscope run -o FILE -- python script.py")
     result = run_command(args.command, None if args.no_record else args.output, gpu=args.gpu,
-                         gpu_memory=args.gpu_memory, device=args.device, stacks=args.stacks, force=args.force)
+                         gpu_memory=args.gpu_memory, device=args.device, stacks=args.stacks, force=args.force,
+                         world=world_from(args))
     for path in result.captures:
         print(f"allocscope: wrote {os.path.relpath(path)}", file=sys.stderr)
     if result.device and not result.captures:

@@ -20,13 +20,14 @@ from typing import Any, Sequence
 from ..common.errors import InputError
 from .child import command_line, outputs, wait_for
 from .search import parse_search, search_largest
+from .world import World
 
 __all__ = ["fit"]
 
 
 def fit(command: Sequence[str], gpus: Sequence[str], *, output_dir: str = "allocscope-fit", force: bool = False,
         stacks: str = "python", top: int = 5, search: str | tuple[str, int, int] | None = None,
-        stdout_to_stderr: bool = False) -> dict[str, Any]:
+        stdout_to_stderr: bool = False, world: World | None = None) -> dict[str, Any]:
     """Runs `command` (a script runs with this Python) on a virtual GPU of each
     model in `gpus` (`allocscope run --gpu list`), recording it into
     output_dir (one capture per card, kept), and returns the fit document:
@@ -42,6 +43,11 @@ def fit(command: Sequence[str], gpus: Sequence[str], *, output_dir: str = "alloc
     stdout_to_stderr: the command's standard output goes to standard error
     (the command line's --json keeps its own output parseable).
 
+    world: each of world.ranks runs alone as that rank of a job of
+    world.size processes (harness/world.py) on each card; the document has
+    one entry per card and rank, and per card the job's verdict (its worst
+    rank's: docs/report.md, "fit").
+
     InputError (one line) for bad input: no command, an unknown GPU, top < 1,
     captures in the way without force, a search whose run fails for a reason
     other than memory."""
@@ -53,12 +59,16 @@ def fit(command: Sequence[str], gpus: Sequence[str], *, output_dir: str = "alloc
     gpus = list(dict.fromkeys(gpus))
     if not gpus:
         raise InputError("no GPU given: --gpu A100-40GB (`allocscope run --gpu list`)")
-    runs = _Runs(cmd, os.path.abspath(output_dir), stacks, top, search, stdout_to_stderr)
+    if world is not None and search is not None:
+        raise InputError("--search with --world-size is not supported yet: search with the ranks of a smaller job")
+    runs = _Runs(cmd, os.path.abspath(output_dir), stacks, top, search, stdout_to_stderr, world)
     runs.prepare(gpus, force)
     if search is None:
         from ..reports.fit import fit_document
 
-        return fit_document(cmd, [runs.run(gpu) for gpu in gpus])
+        if world is None:
+            return fit_document(cmd, [runs.run(gpu) for gpu in gpus])
+        return fit_document(cmd, [runs.run(gpu, rank=r) for gpu in gpus for r in world.ranks], world=world.size)
     return _search(runs, cmd, gpus, search)
 
 
@@ -79,9 +89,9 @@ class _Runs:
     parameter) and makes its card_result; captures in `directory`."""
 
     def __init__(self, cmd: list[str], directory: str, stacks: str, top: int, search: tuple[str, int, int] | None,
-                 stdout_to_stderr: bool):
+                 stdout_to_stderr: bool, world: World | None = None):
         self.cmd, self.directory, self.stacks, self.top, self.search = cmd, directory, stacks, top, search
-        self.stdout_to_stderr = stdout_to_stderr
+        self.stdout_to_stderr, self.world = stdout_to_stderr, world
         self.ran: dict[tuple[str, int], dict[str, Any]] = {}  # (gpu, value) -> card result, for predictions
 
     def path(self, gpu: str, value: int | None = None) -> str:
@@ -101,6 +111,10 @@ class _Runs:
 
         for gpu in gpus:
             vgpu.environment(gpu)
+            if self.world is not None:
+                from .world import node_gpus
+
+                node_gpus(gpu, self.world)
         os.makedirs(self.directory, exist_ok=True)
         existing = [p for gpu in gpus for p in self.existing(gpu)]
         if existing and not force:
@@ -108,15 +122,16 @@ class _Runs:
         for path in existing:
             os.remove(path)
 
-    def run(self, gpu: str, value: int | None = None) -> dict[str, Any]:
+    def run(self, gpu: str, value: int | None = None, rank: int | None = None) -> dict[str, Any]:
         from .. import vgpu
         from ..capture.reader import load
         from ..recording.autostart import child_environment
         from ..recording.metadata import ENV_FIT
         from ..reports.fit import card_result
+        from .world import check_initialized, node_gpus, rank_environment, report_file
 
         path = self.path(gpu, value)
-        cmd, env = self.cmd, vgpu.environment(gpu)
+        cmd, env = self.cmd, vgpu.environment(gpu if self.world is None else node_gpus(gpu, self.world))
         if value is not None:
             name = self.search[0]
             cmd = [a.replace("{" + name + "}", str(value)) for a in cmd]
@@ -124,14 +139,25 @@ class _Runs:
         env[ENV_FIT] = json.dumps({"gpu": gpu, "command": cmd, "search": self.search[0] if self.search else None,
                                    "value": value})
         where = f"a virtual {gpu}" + ("" if value is None else f" with {self.search[0]}={value}")
-        print(f"allocscope fit: running on {where}", file=sys.stderr)
-        status = wait_for(cmd, child_environment(env, path, {"device": "cuda", "stacks": self.stacks,
-                                                              "auto_watch": True}),
-                          output_to_stderr=self.stdout_to_stderr)
+        env = child_environment(env, path, {"device": "cuda", "stacks": self.stacks, "auto_watch": True})
+        report = None
+        if rank is not None:
+            where = f"rank {rank} of {self.world.size} on " + where
+            report = report_file()
+            env = rank_environment(env, self.world, rank, report)
+        print(f"allocscope fit: running {where}", file=sys.stderr)
+        status = wait_for(cmd, env, output_to_stderr=self.stdout_to_stderr)
+        if report is not None:
+            check_initialized(report, status, rank)
         written = outputs(path)
+        if rank is not None and self.world.size > 1:
+            stem, ext = os.path.splitext(path)
+            written = [p for p in written if p == f"{stem}.rank{rank}{ext}"]
         cap = load(written[0], salvage=True) if written else None
         card = card_result(gpu, status, cap, capture_path=os.path.relpath(written[0]) if written else None,
                            top=self.top)
+        if rank is not None:
+            card = {"rank": rank, **card}
         if value is None:
             return card
         self.ran[(gpu, value)] = card

@@ -4,12 +4,16 @@ this machine's device or on a virtual GPU, or on a virtual GPU alone."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
-from typing import Sequence
+import tempfile
+import uuid
+from typing import Iterator, Sequence
 
 from ..common.errors import InputError
 from .child import command_line, outputs, wait_for
+from .world import World
 
 __all__ = ["RunResult", "run_command"]
 
@@ -22,36 +26,93 @@ class RunResult:
 
 
 def run_command(command: Sequence[str], output: str | None, *, gpu: str | None = None, gpu_memory: str | None = None,
-                device: str = "auto", stacks: str = "python", force: bool = False) -> RunResult:
+                device: str = "auto", stacks: str = "python", force: bool = False,
+                world: World | None = None) -> RunResult:
     """Runs `command` (a script runs with this Python) to its end, recording
     into `output` (None: not recorded, only on a virtual GPU), on a virtual
     GPU of model `gpu` (with `gpu_memory` instead of the preset's) or on
     this machine's `device` ("auto": CUDA where torch has it). The captures
     written are `output` for the first process, with .rankN or .pidN added
     for the others. InputError for bad input (no command, an unknown GPU,
-    `output` in the way without force)."""
+    `output` in the way without force).
+
+    world: run each of world.ranks alone as that rank of a job of
+    world.size processes (harness/world.py), one after the other, each on
+    its own virtual node of `gpu` cards; its capture is FILE with .rankN.
+    The status is the first non-zero one."""
     from .. import vgpu
     from ..recording.autostart import child_environment
 
     cmd = command_line(command, "allocscope run -o FILE -- python script.py")
     env = dict(os.environ)
+    env[ENV_RUN_ID] = uuid.uuid4().hex
+    if world is not None:
+        from .world import node_gpus
+
+        if not gpu:
+            raise InputError("--world-size runs ranks on virtual cards: give --gpu")
+        gpu = node_gpus(gpu, world)
     if gpu:
         if device == "cpu":
             raise InputError("--gpu runs on a virtual CUDA device, which --device cpu would not record: leave it out")
         env = vgpu.environment(gpu, memory=gpu_memory, base=env)
     elif output is None:
         raise InputError("a run without recording is a run on a virtual GPU: give --gpu")
-    if output is None:
-        return RunResult(wait_for(cmd, env), [], None)
-    path = os.path.abspath(output)
-    if outputs(path):
-        if not force:
-            raise InputError(f"{output} exists; use --force to overwrite it")
-        for old in outputs(path):
-            os.remove(old)
-    recorded = "cuda" if gpu else _device(device)
-    env = child_environment(env, path, {"device": recorded, "stacks": stacks})
-    return RunResult(wait_for(cmd, env), outputs(path), recorded)
+    path = None
+    recorded = None
+    if output is not None:
+        path = os.path.abspath(output)
+        if outputs(path):
+            if not force:
+                raise InputError(f"{output} exists; use --force to overwrite it")
+            for old in outputs(path):
+                os.remove(old)
+        recorded = "cuda" if gpu else _device(device)
+        env = child_environment(env, path, {"device": recorded, "stacks": stacks})
+    if world is None:
+        with shared_cards(env, gpu is not None) as env:
+            status = wait_for(cmd, env)
+    else:
+        status = run_ranks(cmd, env, world)
+    return RunResult(status, outputs(path) if path else [], recorded)
+
+
+# Names the run in every capture it writes (metadata "run_id"), so that the
+# captures of two runs are never taken for the ranks of one.
+ENV_RUN_ID = "ALLOCSCOPE_RUN_ID"
+
+
+@contextlib.contextmanager
+def shared_cards(env: dict[str, str], on_virtual_gpu: bool) -> Iterator[dict[str, str]]:
+    """The processes of the run share their virtual cards (one device state
+    per card: docs/vgpu.md, "Several processes"), through a file that
+    lives as long as the run."""
+    from ..vgpu import ENV_SHARED
+
+    if not on_virtual_gpu:
+        yield env
+        return
+    fd, state = tempfile.mkstemp(prefix="allocscope-vgpu-", suffix=".state")
+    os.close(fd)
+    try:
+        yield {**env, ENV_SHARED: state}
+    finally:
+        os.remove(state)
+
+
+def run_ranks(cmd: list[str], env: dict[str, str], world: World,
+              output_to_stderr: bool = False) -> int:
+    """Runs each chosen rank alone, one after the other; the first non-zero
+    status (a rank that never initialized a process group: InputError)."""
+    from .world import check_initialized, rank_environment, report_file
+
+    first = 0
+    for rank in world.ranks:
+        report = report_file()
+        status = wait_for(cmd, rank_environment(env, world, rank, report), output_to_stderr=output_to_stderr)
+        check_initialized(report, status, rank)
+        first = first or status
+    return first
 
 
 def _device(choice: str) -> str:

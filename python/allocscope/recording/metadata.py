@@ -25,6 +25,10 @@ def _distributed() -> dict[str, Any]:
             info = {"rank": dist.get_rank(), "world_size": dist.get_world_size(), "backend": str(dist.get_backend())}
     except Exception:  # a broken process group must not stop a recording
         pass
+    if os.environ.get("ALLOCSCOPE_RUN_ID"):  # harness/run.py: the run these captures belong to
+        info["run_id"] = os.environ["ALLOCSCOPE_RUN_ID"]
+    if os.environ.get("ALLOCSCOPE_SIMULATED_WORLD") == "1":  # one rank of the job, run alone
+        info["alone"] = True
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         if key.lower() not in info and key in os.environ:
             try:

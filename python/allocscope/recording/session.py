@@ -239,7 +239,7 @@ class Recording:
     def _baseline(self, label: str) -> None:
         C = native()
         if "cuda" in self.devices:
-            C.add_baseline(C.cuda_baseline_json(label, self._cuda_devices()))
+            C.add_baseline(_with_virtual_cards(C.cuda_baseline_json(label, self._cuda_devices())))
         if "cpu" in self.devices:
             C.add_baseline(json.dumps({"label": label, "device_type": "cpu", "seq": C.next_seq(),
                                        "monotonic_ns": time.monotonic_ns(), "rss_bytes": _rss_bytes()}))
@@ -247,6 +247,24 @@ class Recording:
     def __repr__(self) -> str:
         state = "recording" if self._running else "stopped"
         return f"<allocscope.Recording {self.path!r} {'+'.join(self.devices) or '?'} {state}>"
+
+
+def _with_virtual_cards(baseline: str) -> str:
+    """On the virtual GPU, each device's reading gains what the card knows
+    of the memory outside the caching allocator: NCCL's own buffers, and
+    what other processes of the run hold there (docs/format.md, baselines)."""
+    from .. import vgpu
+
+    if not vgpu.active():
+        return baseline
+    cards = vgpu.state()["devices"]
+    doc = json.loads(baseline)
+    for d in doc.get("devices") or ():
+        card = cards[d["index"]] if 0 <= d.get("index", -1) < len(cards) else None
+        if card is not None:
+            d["virtual"] = {k: card[k] for k in ("own", "nccl", "nccl_peak", "other_processes", "other_contexts",
+                                                "contexts_created", "context_bytes")}
+    return json.dumps(doc)
 
 
 class record(contextlib.ContextDecorator):

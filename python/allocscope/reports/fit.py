@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..allocator.segments import outside_allocator
+from ..allocator.segments import nccl_memory, outside_at_peak
 from ..attribution.categories import module_label
 from ..attribution.ops import op_names
 from ..capture.format import EventKind
@@ -55,12 +55,15 @@ def card_result(gpu: str, status: int, cap: Capture | None, *, capture_path: str
     r = report if report is not None else build_report(cap, top=top)
     total = _device(cap, "start").get("total")
     base = cap.baseline("end") or cap.baseline("start")  # as the waterfall reads it
-    outside = outside_allocator(base) if base else None
+    outside = outside_at_peak(base) if base else None
     peak_reserved = (r.get("peak_reserved") or {}).get("reserved_bytes")
     out["total_bytes"] = total
     out["peak_allocated_bytes"] = r["peak"]["allocated_bytes"]
     out["peak_reserved_bytes"] = peak_reserved
     out["outside_allocator_bytes"] = outside
+    nccl = nccl_memory(base) if base else None
+    if nccl is not None:
+        out["nccl_bytes"] = nccl[1]  # part of outside_allocator_bytes: NCCL's buffers at their most
     # Room left at the peak where it fits; where it ran out, how much was missing.
     out["headroom_bytes"] = (None if total is None or peak_reserved is None or outside is None or ooms
                              else int(total) - peak_reserved - outside)
@@ -109,9 +112,27 @@ def caveats(cap: Capture) -> list[str]:
     return []
 
 
-def fit_document(command: list[str], cards: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"schema": FIT_SCHEMA, "command": list(command), "units": "bytes", "cards": cards,
-            "fits_everywhere": all(c["verdict"] == "fits" for c in cards)}
+def fit_document(command: list[str], cards: list[dict[str, Any]], world: int | None = None) -> dict[str, Any]:
+    """world: the job's size when each card entry is one rank of it: the
+    document then gains per card the job's verdict, its worst rank's."""
+    doc = {"schema": FIT_SCHEMA, "command": list(command), "units": "bytes", "cards": cards,
+           "fits_everywhere": all(c["verdict"] == "fits" for c in cards)}
+    if world is not None:
+        doc["world_size"] = world
+        doc["jobs"] = [_job(gpu, [c for c in cards if c["gpu"] == gpu]) for gpu in dict.fromkeys(c["gpu"] for c in cards)]
+    return doc
+
+
+_VERDICT_ORDER = {"fits": 0, "failed": 1, "no capture": 2, "out of memory": 3}
+
+
+def _job(gpu: str, ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """A job's verdict on a card: its worst rank's (out of memory before a
+    failure before a fit; among fits, the least headroom)."""
+    worst = max(ranks, key=lambda c: (_VERDICT_ORDER.get(c["verdict"], 1), -(c.get("headroom_bytes") or 0)))
+    return {"gpu": gpu, "verdict": worst["verdict"], "worst_rank": worst["rank"],
+            "peak_reserved_bytes": worst.get("peak_reserved_bytes"), "headroom_bytes": worst.get("headroom_bytes"),
+            "ranks": [c["rank"] for c in ranks]}
 
 
 def _size(n: int | None) -> str:
@@ -126,16 +147,23 @@ def render_fit(doc: dict[str, Any], top: int = 5) -> str:
         room = _size(c.get("headroom_bytes"))
         if c.get("shortfall_bytes") is not None:
             room = f"short by {format_bytes(c['shortfall_bytes'])}"
-        rows.append((c["gpu"], verdict, _size(c.get("peak_allocated_bytes")), _size(c.get("peak_reserved_bytes")),
-                     room, _size(c.get("total_bytes"))))
+        rows.append((_card_name(c), verdict, _size(c.get("peak_allocated_bytes")),
+                     _size(c.get("peak_reserved_bytes")), room, _size(c.get("total_bytes"))))
     lines += table(rows, {2, 3, 4, 5})
+    for job in doc.get("jobs") or ():
+        lines.append(f"the job of {doc['world_size']} ranks on {job['gpu']}: {job['verdict']} "
+                     f"(its worst rank of {len(job['ranks'])} run: rank {job['worst_rank']})")
     for c in doc["cards"]:
         if c["verdict"] == "no capture":
-            lines += ["", f"{c['gpu']}: no capture was written: the command never used CUDA "
+            lines += ["", f"{_card_name(c)}: no capture was written: the command never used CUDA "
                           f"(exit status {c['exit_status']})"]
         if "peak" in c:
-            lines += ["", f"{c['gpu']}:"] + card_lines(c, top)
+            lines += ["", f"{_card_name(c)}:"] + card_lines(c, top)
     return "\n".join(lines)
+
+
+def _card_name(c: dict[str, Any]) -> str:
+    return c["gpu"] if c.get("rank") is None else f"{c['gpu']} rank {c['rank']}"
 
 
 def card_lines(c: dict[str, Any], top: int = 5) -> list[str]:

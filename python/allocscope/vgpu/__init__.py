@@ -33,6 +33,7 @@ __all__ = [
     "ENV_EVENT_POLLS",
     "ENV_GPU",
     "ENV_MEMORY",
+    "ENV_SHARED",
     "Preset",
     "VirtualGpuError",
     "activate",
@@ -49,6 +50,8 @@ ENV_GPU = "ALLOCSCOPE_VGPU"  # "H100-80GB", "2xH100-80GB", "H100-80GB,A100-40GB"
 ENV_MEMORY = "ALLOCSCOPE_VGPU_MEMORY"  # bytes: every device's total memory
 ENV_CONTEXT = "ALLOCSCOPE_VGPU_CONTEXT"  # bytes: the CUDA context's share of each device
 ENV_EVENT_POLLS = "ALLOCSCOPE_VGPU_EVENT_POLLS"  # queries an event stays pending for (default 1)
+# A file through which the processes of a run share their cards (csrc/vgpu/shared.h)
+ENV_SHARED = "ALLOCSCOPE_VGPU_SHARED"
 
 LIB_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib")
 _CORE = "libvgpu.so"
@@ -157,7 +160,7 @@ def environment(gpu: str, *, memory: int | str | None = None, context: int | str
     from ..common.bootstrap import with_bootstrap
 
     env = {k: v for k, v in (os.environ if base is None else base).items()
-           if k not in (ENV_GPU, ENV_MEMORY, ENV_CONTEXT, ENV_EVENT_POLLS)}
+           if k not in (ENV_GPU, ENV_MEMORY, ENV_CONTEXT, ENV_EVENT_POLLS, ENV_SHARED)}
     env.update(_settings(gpu, memory, context, event_polls))
     return with_bootstrap(env)
 

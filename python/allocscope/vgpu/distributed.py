@@ -44,6 +44,7 @@ def install() -> None:
     _patch_object_collectives()
     if os.environ.get(ENV_WORLD) == "1":
         _install_lone_rendezvous()
+        _report_at_exit(os.environ.get("ALLOCSCOPE_WORLD_REPORT"))
 
 
 # ---- object collectives
@@ -197,6 +198,26 @@ def _lone_store_class() -> type:
 
 
 _stores: list[Any] = []
+
+
+def _report_at_exit(path: str | None) -> None:
+    """Tells `allocscope run/fit --world-size` whether the script initialized
+    a process group (through a rendezvous, or with its own store)."""
+    if not path:
+        return
+    import atexit
+    import json
+
+    def write() -> None:
+        import torch.distributed as dist
+
+        try:
+            with open(path, "w") as f:
+                json.dump({"initialized": bool(_stores) or dist.is_initialized()}, f)
+        except OSError:
+            pass
+
+    atexit.register(write)
 
 
 def _install_lone_rendezvous() -> None:
