@@ -69,6 +69,7 @@ VGPU_API Result set_current_device(int device);
 // ---- device memory
 
 VGPU_API Result create_context(int device);  // once per device; later calls do nothing
+VGPU_API bool has_context(int device);        // whether this process created it
 VGPU_API Result mem_info(int device, uint64_t* free, uint64_t* total);
 // What the card has in use: this process's context and allocations, and,
 // where the processes of a run share their cards (ALLOCSCOPE_VGPU_SHARED,

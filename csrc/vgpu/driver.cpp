@@ -138,7 +138,7 @@ API CUresult cuDevicePrimaryCtxRetain(CUcontext* context, CUdevice device) {
 API CUresult cuDevicePrimaryCtxGetState(CUdevice device, unsigned int* flags, int* active) {
   if (vgpu::device(device) == nullptr) return CUDA_ERROR_INVALID_DEVICE;
   *flags = 0;
-  *active = 1;
+  *active = vgpu::has_context(device) ? 1 : 0;  // asking creates none (torch relies on it)
   return CUDA_SUCCESS;
 }
 // The current context is the current device's (torch warns when there is

@@ -224,6 +224,13 @@ uint64_t used_bytes(int device) {
   return s.card_used(device);
 }
 
+bool has_context(int device) {
+  if (vgpu::device(device) == nullptr) return false;
+  Memory& s = state();
+  Lock lock(s.mu);
+  return s.devices[device].context;
+}
+
 uint64_t own_bytes(int device) {
   if (vgpu::device(device) == nullptr) return 0;
   Memory& s = state();

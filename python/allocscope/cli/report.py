@@ -25,11 +25,18 @@ examples:
   allocscope report step.alsc --at after-forward
   allocscope report long.alsc --steps 100-120
   allocscope report --json step.alsc | jq '.gap'
+  allocscope report ddp.alsc                   (every rank of a run: ddp.rank0.alsc, ...)
+
+Given several captures of one run (the ranks of a job), it first compares the
+ranks: per rank the peaks, device used, NCCL's memory and the contexts other
+processes made on its card; the worst rank and where it differs from the
+median rank; then the report of the worst rank.
 """
 
 
 def prepare_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("file", help="capture file")
+    parser.add_argument("file", help="capture file, or a run's captures: the name it was given (ddp.alsc for "
+                                     "ddp.rank0.alsc, ddp.rank1.alsc, ...) or a glob ('ddp.rank*.alsc')")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.add_argument("--at", metavar="LABEL", help="report at the first mark with this label instead of the peak")
     parser.add_argument("--steps", metavar="A-B", type=_steps,
@@ -52,14 +59,23 @@ def _steps(text: str) -> tuple[int, int]:
 def run(args: argparse.Namespace) -> int:
     from .. import load
     from ..common.errors import InputError
+    from ..capture.runs import load_run, run_files
+    from ..reports.ranks import build_ranks, render_ranks
     from ..reports.report import build_report, render
 
     if args.top < 1:
         raise InputError("--top must be at least 1")
     if args.at is not None and args.steps is not None:
         raise InputError("--at and --steps cannot be used together")
+    files = run_files(args.file)
+    if len(files) > 1:
+        if args.at is not None or args.steps is not None:
+            raise InputError("--at and --steps report on one capture: give one rank's file")
+        ranks = build_ranks(load_run(files), top=args.top)
+        print(json.dumps(ranks, indent=1) if args.json else render_ranks(ranks, args.top))
+        return 0
     # --steps reads only as far as the steps need (reader.load(through_step=)).
-    cap = load(args.file, through_step=args.steps[1] if args.steps is not None else None)
+    cap = load(files[0], through_step=args.steps[1] if args.steps is not None else None)
     report = build_report(cap, at=args.at, steps=args.steps, top=args.top)
     if args.json:
         print(json.dumps(report, indent=1))

@@ -77,11 +77,48 @@ def _on_torch_imported(options: dict[str, Any]) -> None:
             # Runs inside torch.cuda's lazy initialization, right after CUDA is
             # up (or now, if it already is). An exception there would break
             # the program's CUDA init: _start swallows its own.
-            torch.cuda._lazy_call(lambda: _start(options))
+            torch.cuda._lazy_call(lambda: _start(options) if not _defer_to_set_device(torch) else None)
+            _wrap_set_device(torch, options)
         else:
             _start(options)
     except Exception as e:
         print(f"allocscope: could not start recording: {e}", file=sys.stderr)
+
+
+# While torch.cuda.set_device initializes CUDA: recording starts once the
+# device is set. Starting inside the initialization (before the device is
+# set) would read the memory of the device current then (0) and so create a
+# CUDA context there, hundreds of MiB on a card the process never uses: the
+# very "GPU 0 fuller than the others" the report across ranks points at.
+_set_device_pending: dict[str, bool] = {}
+
+
+def _defer_to_set_device(torch: Any) -> bool:
+    if _set_device_pending.get("inside"):
+        _set_device_pending["deferred"] = True
+        return True
+    return False
+
+
+def _wrap_set_device(torch: Any, options: dict[str, Any]) -> None:
+    import functools
+
+    original = torch.cuda.set_device
+
+    @functools.wraps(original)
+    def set_device(device: Any) -> None:
+        if torch.cuda.is_initialized() or _set_device_pending.get("done"):
+            return original(device)
+        _set_device_pending["inside"] = True
+        try:
+            original(device)
+        finally:
+            _set_device_pending["inside"] = False
+            _set_device_pending["done"] = True
+        if _set_device_pending.pop("deferred", False):
+            _start(options)
+
+    torch.cuda.set_device = set_device
 
 
 def activate() -> None:

@@ -230,11 +230,16 @@ class Recording:
             return [0]
         import torch
 
-        current = torch.cuda.current_device()
-        # Only devices this process already uses: asking an unused device for
-        # its memory info would create a CUDA context (hundreds of MiB) there.
-        used = [i for i in range(torch.cuda.device_count()) if torch.cuda.memory_reserved(i) > 0]
-        return sorted({current, *used})
+        # Only devices this process already has a context on: asking another
+        # for its memory info would create a CUDA context (hundreds of MiB)
+        # there, as a process that misses torch.cuda.set_device does. CUDA
+        # initializes (and recording starts) inside set_device, before the
+        # device is set: the current device is then one not used yet.
+        reserved = [i for i in range(torch.cuda.device_count()) if torch.cuda.memory_reserved(i) > 0]
+        has_context = getattr(torch._C, "_cuda_hasPrimaryContext", None)
+        if has_context is None:
+            return sorted({torch.cuda.current_device(), *reserved})
+        return sorted({*reserved, *(i for i in range(torch.cuda.device_count()) if has_context(i))})
 
     def _baseline(self, label: str) -> None:
         C = native()

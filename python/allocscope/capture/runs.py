@@ -1,0 +1,90 @@
+"""The captures of one run: a run of several processes writes FILE for its
+first process and FILE with .rankN (or .pidN) for the others (`allocscope
+run`, recording/autostart.py). `report`, `html` and `diff` take a run by the
+name it was given, by any of its files, or by a glob."""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from typing import Any, Sequence
+
+from ..common.errors import InputError
+
+__all__ = ["check_one_run", "load_run", "rank_of", "run_files"]
+
+_RANK = re.compile(r"\.rank(\d+)$")
+
+
+def run_files(name: str) -> list[str]:
+    """The capture files `name` stands for, sorted by rank: a glob's
+    matches; a run's name, its files (ddp.alsc -> ddp.alsc if it exists,
+    ddp.rank0.alsc, ddp.rank1.alsc, ...); one rank's file, that file.
+    InputError when nothing matches."""
+    if glob.has_magic(name):
+        found = sorted(p for p in glob.glob(name) if os.path.isfile(p))
+        if not found:
+            raise InputError(f"no capture matches {name}")
+        return _by_rank(found)
+    stem, ext = os.path.splitext(name)
+    if _RANK.search(stem) or os.path.isdir(name):  # one rank's file: that rank alone
+        found = [name] if os.path.exists(name) else []
+    else:
+        ranks = glob.glob(f"{glob.escape(stem)}.rank*{ext}")
+        found = ([name] if os.path.isfile(name) else []) + [p for p in ranks if _RANK.search(os.path.splitext(p)[0])]
+    if not found:
+        if os.path.exists(name):
+            return [name]  # not a regular file: the reader says what it is
+        raise InputError(f"{name}: no such capture (nor {os.path.basename(stem)}.rankN{ext} of a run)")
+    return _by_rank(found)
+
+
+def rank_of(path: str, metadata: dict[str, Any] | None = None) -> int | None:
+    """The rank a capture was recorded by: its metadata's, else its name's."""
+    dist = (metadata or {}).get("distributed") or {}
+    if isinstance(dist.get("rank"), int):
+        return int(dist["rank"])
+    m = _RANK.search(os.path.splitext(path)[0])
+    return int(m.group(1)) if m else None
+
+
+def _by_rank(paths: Sequence[str]) -> list[str]:
+    def key(p: str) -> tuple[int, str]:
+        r = rank_of(p)
+        return (-1 if r is None else r, p)
+
+    return sorted(dict.fromkeys(paths), key=key)
+
+
+def check_one_run(paths: Sequence[str], metadatas: Sequence[dict[str, Any]]) -> None:
+    """InputError when the captures are not the processes of one run: two run
+    ids (allocscope run names each run), two world sizes, or one rank twice."""
+    runs = {}
+    for path, meta in zip(paths, metadatas):
+        run = ((meta or {}).get("distributed") or {}).get("run_id")
+        if run is not None:
+            runs.setdefault(run, path)
+    if len(runs) > 1:
+        a, b = list(runs.values())[:2]
+        raise InputError(f"{a} and {b} are captures of two different runs: give the captures of one run")
+    worlds = {((m or {}).get("distributed") or {}).get("world_size") for m in metadatas} - {None}
+    if len(worlds) > 1:
+        raise InputError(f"the captures come from jobs of {' and '.join(map(str, sorted(worlds)))} ranks: "
+                         "give the captures of one run")
+    seen: dict[int, str] = {}
+    for path, meta in zip(paths, metadatas):
+        r = rank_of(path, meta)
+        if r is not None and r in seen and ((meta or {}).get("distributed") or {}).get("world_size", 1) != 1:
+            raise InputError(f"{seen[r]} and {path} are both rank {r}: give the captures of one run")
+        if r is not None:
+            seen[r] = path
+
+
+def load_run(paths: Sequence[str]) -> list[Any]:
+    """The captures, checked to be one run's (check_one_run)."""
+    from .reader import load
+
+    caps = [load(p) for p in paths]
+    check_one_run(paths, [c.metadata for c in caps])
+    return caps
