@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 from ..common.errors import InputError
 
-__all__ = ["check_one_run", "load_run", "rank_of", "run_files"]
+__all__ = ["check_one_run", "load_run", "rank_of", "run_files", "run_name"]
 
 _RANK = re.compile(r"\.rank(\d+)$")
 
@@ -88,3 +88,10 @@ def load_run(paths: Sequence[str]) -> list[Any]:
     caps = [load(p) for p in paths]
     check_one_run(paths, [c.metadata for c in caps])
     return caps
+
+
+def run_name(paths: Sequence[str]) -> str:
+    """The name a run's files were written under (ddp.rank0.alsc -> ddp.alsc)."""
+    stem, ext = os.path.splitext(paths[0])
+    m = _RANK.search(stem)
+    return (stem[:m.start()] if m else stem) + ext

@@ -36,11 +36,24 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from .. import load
     from ..reports.html import write_html
+    from ..capture.runs import load_run, run_files, run_name
+    from ..common.errors import InputError
+    from ..reports.ranks import build_ranks
     from ._paths import check_output, default_output
 
-    out = args.output or default_output(args.file, ".html")
+    files = run_files(args.file)
+    out = args.output or default_output(run_name(files) if len(files) > 1 else files[0], ".html")
     check_output(out, args.force)
-    cap = load(args.file, progress=False if args.no_progress else None)
-    size = write_html(cap, out, at=args.at, progress=False if args.no_progress else None)
+    ranks = None
+    if len(files) > 1:
+        if args.at is not None:
+            raise InputError("--at explains one capture: give one rank's file")
+        caps = load_run(files)
+        ranks = build_ranks(caps, top=10)
+        cap = caps[[c.path for c in caps].index(next(r["capture"] for r in ranks["ranks"]
+                                                      if r["rank"] == ranks["worst_rank"]))]
+    else:
+        cap = load(files[0], progress=False if args.no_progress else None)
+    size = write_html(cap, out, at=args.at, progress=False if args.no_progress else None, ranks=ranks)
     print(f"wrote {out} ({format_bytes(size)})")
     return 0

@@ -127,11 +127,15 @@ def render(data: dict[str, Any]) -> str:
 
 
 def write_html(cap: Capture, path: str | os.PathLike[str], *, at: str | None = None,
-               progress: bool | None = None) -> int:
-    """Writes the report of `cap` to path; returns the file's size."""
+               progress: bool | None = None, ranks: dict[str, Any] | None = None) -> int:
+    """Writes the report of `cap` to path; returns the file's size. ranks:
+    the report across the ranks of cap's run (reports/ranks.py), where cap
+    is its worst rank: the page opens with it."""
     steps = Steps("allocscope html", 6, enabled=progress)
     try:
         data = html_data(cap, at=at, steps=steps)
+        if ranks is not None:
+            data["ranks"] = {k: v for k, v in ranks.items() if k != "worst"}
         steps.step("writing")
         text = render(data)
     finally:

@@ -1,0 +1,194 @@
+"""Many GPUs on the virtual GPU (docs/vgpu.md, "Many GPUs"): torchrun with
+backend nccl on several virtual cards, one rank of a job run alone, the
+report across ranks. Every run is a real torch (its caching allocator, its
+ProcessGroupNCCL, DDP, FSDP2, DTensor) in child processes on the virtual
+GPU's stand-ins, NCCL's included."""
+
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import allocscope
+from allocscope.allocator.recorded import recorded_reserved
+from allocscope.allocator.replay import replay
+
+from ..conftest import ROOT
+
+SCRIPT = os.path.join(ROOT, "tests", "scripts", "dist_train.py")
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not allocscope.vgpu.available(), reason="built without the virtual GPU"),
+    pytest.mark.skipif(not os.path.exists(os.path.join(allocscope.vgpu.LIB_DIR, "libnccl.so.2")),
+                       reason="built without nccl.h: the virtual GPU has no NCCL"),
+]
+
+
+def allocscope_cli(tmp_path, *args, check=True):
+    r = subprocess.run([sys.executable, "-m", "allocscope", *args], capture_output=True, text=True, timeout=300,
+                       cwd=tmp_path)
+    if check:
+        assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+def torchrun(tmp_path, mode, cards, name):
+    out = tmp_path / f"{name}-out"
+    out.mkdir()
+    allocscope_cli(tmp_path, "run", "--gpu", f"{cards}xH100-80GB", "-o", str(tmp_path / f"{name}.alsc"), "--",
+                   sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(cards),
+                   SCRIPT, mode, str(out))
+    return out
+
+
+def alone(tmp_path, mode, world, rank, name):
+    out = tmp_path / f"{name}-out"
+    out.mkdir()
+    allocscope_cli(tmp_path, "run", "--gpu", "H100-80GB", "--world-size", str(world), "--rank", str(rank),
+                   "-o", str(tmp_path / f"{name}.alsc"), "--", SCRIPT, mode, str(out))
+    return out
+
+
+def torch_says(out, rank):
+    with open(out / f"rank{rank}.json") as f:
+        return json.load(f)
+
+
+def assert_exact(cap):
+    rep = replay(cap)
+    f = rep.fidelity
+    assert f.first_mismatch is None, f.first_mismatch
+    assert f.matched == f.recorded_segment_events > 0
+    assert f.address_mismatches == 0
+    assert f.end_snapshot["equal"], f.end_snapshot
+    return rep
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp2", "tp"])
+def test_torchrun_with_nccl_on_two_virtual_cards_records_every_rank_exactly(tmp_path, mode):
+    out = torchrun(tmp_path, mode, 2, mode)
+    files = sorted(glob.glob(str(tmp_path / f"{mode}.rank*.alsc")))
+    assert [os.path.basename(f) for f in files] == [f"{mode}.rank0.alsc", f"{mode}.rank1.alsc"]
+    for rank, path in enumerate(files):
+        cap = allocscope.load(path)
+        assert cap.complete
+        assert cap.metadata["distributed"]["rank"] == rank and cap.metadata["distributed"]["world_size"] == 2
+        rep = assert_exact(cap)
+        said = torch_says(out, rank)
+        # The recorded peak of reserved memory is torch's own in that rank, and the replay's.
+        assert int(recorded_reserved(cap).max()) == said["max_memory_reserved"] == rep.peak_reserved
+        # NCCL's buffers were charged to the rank's card outside the allocator (docs/vgpu.md).
+        card = next(d for d in cap.baseline("end")["devices"] if d["index"] == rank)
+        assert card["virtual"]["nccl_peak"] > 0
+
+
+@pytest.mark.parametrize("mode", ["fsdp2", "ddp"])
+def test_rank_zero_alone_has_the_peak_of_rank_zero_of_four_processes(tmp_path, mode):
+    together = torchrun(tmp_path, mode, 4, "together")
+    by_itself = alone(tmp_path, mode, 4, 0, "alone")
+    assert torch_says(by_itself, 0)["max_memory_reserved"] == torch_says(together, 0)["max_memory_reserved"]
+    a = allocscope.load(tmp_path / "alone.rank0.alsc")
+    b = allocscope.load(tmp_path / "together.rank0.alsc")
+    assert int(recorded_reserved(a).max()) == int(recorded_reserved(b).max())
+    assert a.metadata["distributed"].get("alone") and not b.metadata["distributed"].get("alone")
+
+
+def test_a_rank_alone_of_a_thousand_runs_fsdp2_with_the_smallest_shards(tmp_path):
+    small = torch_says(alone(tmp_path, "fsdp2", 1024, 1023, "big"), 1023)
+    large = torch_says(alone(tmp_path, "fsdp2", 2, 1, "small"), 1)
+    assert small["world_size"] == 1024 and small["rank"] == 1023
+    # The same model sharded 512 times finer: less parameter and optimizer memory per rank.
+    assert small["max_memory_allocated"] < large["max_memory_allocated"]
+
+
+def test_object_collectives_follow_the_virtual_nccl_rule(tmp_path):
+    out = torchrun(tmp_path, "objects", 2, "obj")
+    for rank in (0, 1):
+        got = torch_says(out, rank)["objects"]
+        assert got["all_gather_object"] == [{"from": rank}, {"from": rank}]  # its own object in every slot
+        assert got["broadcast_object_list"] == [{"config": "only the source's"} if rank == 0 else None]
+        assert got["scatter_object_list"] == (["for 0"] if rank == 0 else [None])
+        assert got["gather_object"] == (["from 0", "from 0"] if rank == 0 else None)
+    got = torch_says(alone(tmp_path, "objects", 8, 3, "obj1"), 3)["objects"]
+    assert got["all_gather_object"] == [{"from": 3}] * 8 and got["broadcast_object_list"] == [None]
+
+
+def test_a_rank_without_set_device_shows_on_card_zero_in_the_report_across_ranks(tmp_path):
+    torchrun(tmp_path, "noset", 2, "noset")
+    text = allocscope_cli(tmp_path, "report", "noset.alsc").stdout
+    assert "rank 1 on cuda:0" in text  # its stray context, named
+    doc = json.loads(allocscope_cli(tmp_path, "report", "--json", "noset.alsc").stdout)
+    assert doc["schema"] == "allocscope.ranks/1" and doc["world_size"] == 2
+    rows = {r["rank"]: r for r in doc["ranks"]}
+    assert rows[0]["card"] == 0 and rows[1]["card"] == 1
+    assert rows[0]["other_contexts"] == 1 and rows[1]["other_contexts"] == 0
+    assert rows[1]["stray_cards"] == [0] and rows[0]["stray_cards"] == []
+    context = rows[0]["other_contexts_bytes"]
+    assert context > 0
+    # Card 0 holds rank 1's context on top of what card 1 holds: its rank is the worst.
+    assert doc["worst_rank"] == 0
+    assert rows[0]["device_used_bytes"] - rows[1]["device_used_bytes"] >= context
+    # NCCL in the worst rank's waterfall, by name.
+    items = {i["item"]: i["bytes"] for i in doc["worst"]["gap"]}
+    assert items["nccl"] == rows[0]["nccl_bytes"] > 0
+    # A glob names the same run; html opens with the ranks.
+    assert json.loads(allocscope_cli(tmp_path, "report", "--json", "noset.rank*.alsc").stdout)["ranks"] == doc["ranks"]
+    allocscope_cli(tmp_path, "html", "noset.alsc")
+    page = (tmp_path / "noset.html").read_text()
+    assert '"worst_rank":0' in page and "ranks-section" in page
+
+
+def test_fit_over_ranks_gives_each_rank_and_the_job_a_verdict(tmp_path):
+    out = tmp_path / "fit-out"
+    out.mkdir()
+    r = allocscope_cli(tmp_path, "fit", "--gpu", "H100-80GB", "--world-size", "4", "--rank", "0", "--rank", "3",
+                       "--json", "-o", str(tmp_path / "fit"), "--", SCRIPT, "fsdp2", str(out))
+    doc = json.loads(r.stdout)
+    assert doc["world_size"] == 4 and [c["rank"] for c in doc["cards"]] == [0, 3]
+    assert all(c["verdict"] == "fits" and c["nccl_bytes"] > 0 for c in doc["cards"])
+    (job,) = doc["jobs"]
+    assert job["verdict"] == "fits" and job["ranks"] == [0, 3]
+    worst = min(doc["cards"], key=lambda c: c["headroom_bytes"])
+    assert job["worst_rank"] == worst["rank"]
+    for c in doc["cards"]:
+        assert c["peak_reserved_bytes"] == torch_says(out, c["rank"])["max_memory_reserved"]
+
+
+@pytest.mark.torch_agnostic
+@pytest.mark.parametrize("args, message", [
+    (["--world-size", "0"], "--world-size must be between 1"),
+    (["--world-size", "4", "--rank", "4"], "rank 4 is outside a world of 4"),
+    (["--rank", "1"], "give --world-size too"),
+    (["--world-size", "2", "--gpu", "2xH100-80GB"], "give one model"),
+])
+def test_bad_world_arguments_are_one_line_errors(tmp_path, args, message):
+    gpu = [] if "--gpu" in args else ["--gpu", "H100-80GB"]
+    r = allocscope_cli(tmp_path, "run", *gpu, *args, "-o", "x.alsc", "--", SCRIPT, "ddp", ".", check=False)
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_a_script_that_never_initializes_a_process_group_is_refused_under_world_size(tmp_path):
+    script = tmp_path / "single.py"
+    script.write_text("import torch\nx = torch.zeros(8, device='cuda')\n")
+    r = allocscope_cli(tmp_path, "run", "--gpu", "H100-80GB", "--world-size", "8", "-o", "s.alsc", "--",
+                       str(script), check=False)
+    assert r.returncode == 2 and "never initialized a process group" in r.stderr
+
+
+@pytest.mark.torch_agnostic
+def test_a_glob_matching_nothing_and_captures_of_two_runs_are_refused(tmp_path):
+    r = allocscope_cli(tmp_path, "report", "nothing.rank*.alsc", check=False)
+    assert r.returncode != 0 and "no capture matches" in r.stderr and "Traceback" not in r.stderr
+    for name in ("a", "b"):
+        out = tmp_path / f"{name}-out"
+        out.mkdir()
+        allocscope_cli(tmp_path, "run", "--gpu", "H100-80GB", "--world-size", "2", "--rank", "0" if name == "a" else "1",
+                       "-o", str(tmp_path / f"{name}.alsc"), "--", SCRIPT, "ddp", str(out))
+    os.rename(tmp_path / "b.rank1.alsc", tmp_path / "a.rank1.alsc")  # two runs under one name
+    r = allocscope_cli(tmp_path, "report", "a.alsc", check=False)
+    assert r.returncode != 0 and "two different runs" in r.stderr and "Traceback" not in r.stderr

@@ -1,0 +1,76 @@
+"""A small distributed training script, unmodified for allocscope: run under
+torchrun, or as one rank alone (allocscope run --world-size). Backend nccl.
+
+    dist_train.py MODE OUT_DIR
+
+MODE: ddp, fsdp2, tp (colwise/rowwise MLP over the whole world), noset (each
+rank allocates before torch.cuda.set_device: its context lands on cuda:0),
+objects (the object collectives). Each rank writes OUT_DIR/rankN.json with
+torch's own peaks and what the object collectives returned."""
+
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+mode, out_dir = sys.argv[1], sys.argv[2]
+dist.init_process_group("nccl")
+rank, world = dist.get_rank(), dist.get_world_size()
+local = int(os.environ.get("LOCAL_RANK", "0"))
+if mode == "noset":
+    probe = torch.zeros(1, device="cuda")  # before set_device: on cuda:0
+torch.cuda.set_device(local)
+torch.manual_seed(0)
+result = {"rank": rank, "world_size": world}
+
+
+def mlp():
+    return torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 256))
+
+
+if mode in ("ddp", "noset", "objects"):
+    from torch.nn.parallel import DistributedDataParallel
+
+    model = DistributedDataParallel(mlp().cuda(), device_ids=[local])
+elif mode == "fsdp2":
+    from torch.distributed.fsdp import fully_shard
+
+    model = torch.nn.Sequential(*[mlp() for _ in range(3)]).cuda()
+    for layer in model:
+        fully_shard(layer)
+    fully_shard(model)
+elif mode == "tp":
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh = init_device_mesh("cuda", (world,))
+    model = parallelize_module(mlp().cuda(), mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+else:
+    raise SystemExit(f"unknown mode {mode}")
+
+opt = torch.optim.AdamW(model.parameters())
+for _ in range(2):
+    model(torch.randn(32, 256, device="cuda")).sum().backward()
+    opt.step()
+    opt.zero_grad()
+
+if mode == "objects":
+    gathered = [None] * world
+    dist.all_gather_object(gathered, {"from": rank})
+    sent = [{"config": "only the source's"} if rank == 0 else None]
+    dist.broadcast_object_list(sent, src=0)
+    scattered = [None]
+    dist.scatter_object_list(scattered, [f"for {r}" for r in range(world)] if rank == 0 else None, src=0)
+    at_dst = [None] * world if rank == 0 else None
+    dist.gather_object(f"from {rank}", at_dst, dst=0)
+    result["objects"] = {"all_gather_object": gathered, "broadcast_object_list": sent,
+                         "scatter_object_list": scattered, "gather_object": at_dst}
+
+torch.cuda.synchronize()
+result["max_memory_reserved"] = torch.cuda.max_memory_reserved()
+result["max_memory_allocated"] = torch.cuda.max_memory_allocated()
+with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+    json.dump(result, f)
+dist.destroy_process_group()
