@@ -121,14 +121,24 @@ def test_memory_fraction_and_empty_cache_as_c10_does():
 
 
 def test_snapshot_segments_equal_the_captures_end_baseline(tmp_path):
+    import gc
+
     path = tmp_path / "snap.alsc"
-    with allocscope.record(path, device="cuda"):
-        keep = [torch.empty(n, device="cuda") for n in (100, 300_000, 3_000_000, 7_000_000)]
-        for _ in range(3):
-            y = torch.randn(1024, 1024, device="cuda") @ torch.randn(1024, 1024, device="cuda")
-            del y
-        del keep[1]
-        snapshot = torch.cuda.memory_snapshot()
+    # The snapshot and the end baseline are two readings, moments apart: a
+    # garbage collection in between (of an earlier test's CUDA tensors in
+    # reference cycles) would free blocks between them.
+    gc.collect()
+    gc.disable()
+    try:
+        with allocscope.record(path, device="cuda"):
+            keep = [torch.empty(n, device="cuda") for n in (100, 300_000, 3_000_000, 7_000_000)]
+            for _ in range(3):
+                y = torch.randn(1024, 1024, device="cuda") @ torch.randn(1024, 1024, device="cuda")
+                del y
+            del keep[1]
+            snapshot = torch.cuda.memory_snapshot()
+    finally:
+        gc.enable()
     ours = allocscope.load(path).baseline("end")["segments"]
     assert len(ours) == len(snapshot) > 1
     by_address = {s["address"]: s for s in ours}

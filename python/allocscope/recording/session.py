@@ -239,7 +239,10 @@ class Recording:
         has_context = getattr(torch._C, "_cuda_hasPrimaryContext", None)
         if has_context is None:
             return sorted({torch.cuda.current_device(), *reserved})
-        return sorted({*reserved, *(i for i in range(torch.cuda.device_count()) if has_context(i))})
+        used = sorted({*reserved, *(i for i in range(torch.cuda.device_count()) if has_context(i))})
+        # None yet: CUDA is initializing for a first call on the current
+        # device (set_device's initialization waits: recording/autostart.py).
+        return used or [torch.cuda.current_device()]
 
     def _baseline(self, label: str) -> None:
         C = native()
