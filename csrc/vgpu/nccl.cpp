@@ -221,7 +221,6 @@ API const char* ncclGetErrorString(ncclResult_t r) {
     case ncclInvalidUsage: return "invalid usage";
     case ncclRemoteError: return "remote process exited or there was a network error";
     case ncclInProgress: return "NCCL operation in progress";
-    case ncclTimeout: return "NCCL timeout";
     default: return "unknown result code";
   }
 }

@@ -137,6 +137,8 @@ def test_a_rank_without_set_device_shows_on_card_zero_in_the_report_across_ranks
     assert items["nccl"] == rows[0]["nccl_bytes"] > 0
     # A glob names the same run; html opens with the ranks.
     assert json.loads(allocscope_cli(tmp_path, "report", "--json", "noset.rank*.alsc").stdout)["ranks"] == doc["ranks"]
+    r = allocscope_cli(tmp_path, "diff", "noset.alsc", "noset.rank1.alsc")
+    assert "A is a run of 2 ranks: comparing its worst, rank 0" in r.stderr and "B is" not in r.stderr
     allocscope_cli(tmp_path, "html", "noset.alsc")
     page = (tmp_path / "noset.html").read_text()
     assert '"worst_rank":0' in page and "ranks-section" in page

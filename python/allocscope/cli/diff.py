@@ -19,12 +19,13 @@ examples:
   allocscope diff bs8.alsc bs16.alsc
   allocscope diff before.alsc after.alsc --json | jq '.categories'
   allocscope diff a.alsc b.alsc --html -o diff.html
+  allocscope diff fsdp-bs8.alsc fsdp-bs16.alsc     (two runs of several ranks: their worst ranks)
 """
 
 
 def prepare_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("a", help="the first capture (A: the baseline)")
-    parser.add_argument("b", help="the second capture (B)")
+    parser.add_argument("a", help="the first capture (A: the baseline), or a run's captures (its name, a glob)")
+    parser.add_argument("b", help="the second capture (B), or a run's")
     out = parser.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print JSON (schema allocscope.diff/1)")
     out.add_argument("--html", action="store_true", help="write an HTML page (to -o, default A-vs-B.html)")
@@ -34,7 +35,6 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import load
     from ..common.errors import InputError
     from ..reports.diff import diff, render
     from ..reports.html import render_diff
@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--top must be at least 1")
     if args.output and not args.html:
         raise InputError("-o goes with --html")
-    d = diff(load(args.a), load(args.b))
+    d = diff(_one(args.a, "A"), _one(args.b, "B"))
     if args.json:
         print(json.dumps(d, indent=1))
     elif args.html:
@@ -57,3 +57,23 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(render(d, args.top))
     return 0
+
+
+def _one(name: str, side: str):  # -> Capture
+    """The capture `name` stands for; of a run of several ranks, its worst
+    rank's (reports/ranks.py), said on stderr."""
+    import sys
+
+    from .. import load
+    from ..capture.runs import load_run, run_files
+    from ..reports.ranks import build_ranks
+
+    files = run_files(name)
+    if len(files) == 1:
+        return load(files[0])
+    caps = load_run(files)
+    doc = build_ranks(caps, top=1)
+    worst = next(r["capture"] for r in doc["ranks"] if r["rank"] == doc["worst_rank"])
+    print(f"allocscope diff: {side} is a run of {len(caps)} ranks: comparing its worst, rank {doc['worst_rank']} "
+          f"({worst})", file=sys.stderr)
+    return next(c for c in caps if c.path == worst)
