@@ -22,7 +22,11 @@ On a machine with a GPU and torch preinstalled (allocscope built in place):
      per thread);
   6. fit.json: benchmarks/bench_fit.py --physical on two workloads (the dry
      run on the virtual GPU against the same workload on the card);
-  7. summary.json: what ran, how long, its exit status.
+  7. nccl.json: tests/scripts/dist_train.py (DDP and FSDP2) as one process
+     with backend nccl under torchrun, on the card and on the virtual GPU:
+     torch's peaks, device used, and NCCL's own memory as ncclCommMemStats
+     reports it (the virtual NCCL's model, docs/vgpu.md, against the card);
+  8. summary.json: what ran, how long, its exit status.
 Each step runs in its own process with a time limit; a failing step does not
 stop the others. --deadline (a Unix time) cuts every step's limit so that the
 whole check ends by then, the suite last (it is the longest), and summary.json
@@ -243,6 +247,33 @@ def measure(summary: list, out: str, python: str, real_env: dict, machine: dict,
         step(summary, "fit", [python, "benchmarks/bench_fit.py", "--impl", "plain", "--physical", "--only",
                               "resnet50,gpt2-checkpoint", "--out", os.path.join(out, "fit.json")], out, 300, real_env)
         write_summary()
+
+    # NCCL: one rank with backend nccl on the card, and the same on the virtual GPU
+    nccl: dict = {}
+    for mode in ("ddp", "fsdp2"):
+        sides = {}
+        for side, env, prefix in (("real", real_env, []),
+                                  ("virtual", dict(os.environ),
+                                   [python, "-m", "allocscope", "run", "--gpu", preset, "--gpu-memory",
+                                    str(machine["mem_get_info_total"]), "--no-record", "--"])):
+            folder = os.path.join(out, "nccl", side, mode)
+            os.makedirs(folder, exist_ok=True)
+            cmd = prefix + [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+                            "tests/scripts/dist_train.py", mode, folder]
+            if virtual and side == "real":
+                cmd = [python, "-m", "allocscope", "run", "--gpu", "H100-80GB", "--no-record", "--", *cmd]
+            step(summary, f"nccl_{mode}_{side}", cmd, out, 300, env)
+            try:
+                with open(os.path.join(folder, "rank0.json")) as f:
+                    sides[side] = json.load(f)
+            except (OSError, ValueError) as e:
+                sides[side] = {"error": str(e)}
+        if all("max_memory_reserved" in v for v in sides.values()):
+            sides["same_peak_reserved"] = sides["real"]["max_memory_reserved"] == sides["virtual"]["max_memory_reserved"]
+        nccl[mode] = sides
+    with open(os.path.join(out, "nccl.json"), "w") as f:
+        json.dump(nccl, f, indent=2)
+    write_summary()
 
     return comparison
 

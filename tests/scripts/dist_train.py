@@ -69,8 +69,28 @@ if mode == "objects":
                          "scatter_object_list": scattered, "gather_object": at_dst}
 
 torch.cuda.synchronize()
+
+
+def nccl_memory():
+    """NCCL's own device memory as the library reports it (ncclCommMemStats,
+    NCCL >= 2.29.7), for make gpu-check to hold the virtual NCCL's model to."""
+    try:
+        import ctypes
+
+        comm = dist.group.WORLD._get_backend(torch.device("cuda"))._comm_ptr()
+        value = ctypes.c_uint64()
+        rc = ctypes.CDLL("libnccl.so.2").ncclCommMemStats(ctypes.c_void_p(comm), 3, ctypes.byref(value))  # GpuMemTotal
+        return {"gpu_mem_total": value.value} if rc == 0 else {"error": f"ncclCommMemStats returned {rc}"}
+    except Exception as e:  # an older NCCL, a torch without _comm_ptr
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
 result["max_memory_reserved"] = torch.cuda.max_memory_reserved()
 result["max_memory_allocated"] = torch.cuda.max_memory_allocated()
+free, total = torch.cuda.mem_get_info()
+result["device_used"] = total - free
+dist.all_reduce(torch.zeros(1, device="cuda"))  # the communicator exists (a world of 1 may not need one)
+result["nccl"] = nccl_memory()
 with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
     json.dump(result, f)
 dist.destroy_process_group()
