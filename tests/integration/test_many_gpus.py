@@ -105,16 +105,19 @@ def test_a_rank_alone_of_a_thousand_runs_fsdp2_with_the_smallest_shards(tmp_path
     assert small["max_memory_allocated"] < large["max_memory_allocated"]
 
 
-def test_object_collectives_follow_the_virtual_nccl_rule(tmp_path):
+def test_object_collectives_return_what_they_return_on_a_card_and_follow_the_rule_alone(tmp_path):
     out = torchrun(tmp_path, "objects", 2, "obj")
     for rank in (0, 1):
         got = torch_says(out, rank)["objects"]
-        assert got["all_gather_object"] == [{"from": rank}, {"from": rank}]  # its own object in every slot
-        assert got["broadcast_object_list"] == [{"config": "only the source's"} if rank == 0 else None]
-        assert got["scatter_object_list"] == (["for 0"] if rank == 0 else [None])
-        assert got["gather_object"] == (["from 0", "from 0"] if rank == 0 else None)
+        # All the ranks run: the objects travel through the run's store.
+        assert got["all_gather_object"] == [{"from": 0}, {"from": 1}]
+        assert got["broadcast_object_list"] == [{"config": "only the source's"}]
+        assert got["scatter_object_list"] == [f"for {rank}"]
+        assert got["gather_object"] == (["from 0", "from 1"] if rank == 0 else None)
+    # A rank alone has no peers: every other rank is taken to have sent what it sent.
     got = torch_says(alone(tmp_path, "objects", 8, 3, "obj1"), 3)["objects"]
     assert got["all_gather_object"] == [{"from": 3}] * 8 and got["broadcast_object_list"] == [None]
+    assert got["scatter_object_list"] == [None] and got["gather_object"] is None
 
 
 def test_a_rank_without_set_device_shows_on_card_zero_in_the_report_across_ranks(tmp_path):

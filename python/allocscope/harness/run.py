@@ -85,19 +85,22 @@ ENV_RUN_ID = "ALLOCSCOPE_RUN_ID"
 @contextlib.contextmanager
 def shared_cards(env: dict[str, str], on_virtual_gpu: bool) -> Iterator[dict[str, str]]:
     """The processes of the run share their virtual cards (one device state
-    per card: docs/vgpu.md, "Several processes"), through a file that
-    lives as long as the run."""
-    from ..vgpu import ENV_SHARED
+    per card: docs/vgpu.md, "Several processes") and their small
+    broadcasts' bytes ("NCCL"), through files that live as long as the run."""
+    import shutil
+
+    from ..vgpu import ENV_EXCHANGE, ENV_SHARED
 
     if not on_virtual_gpu:
         yield env
         return
-    fd, state = tempfile.mkstemp(prefix="allocscope-vgpu-", suffix=".state")
-    os.close(fd)
+    folder = tempfile.mkdtemp(prefix="allocscope-vgpu-")
+    exchange = os.path.join(folder, "broadcasts")  # small broadcasts' bytes (csrc/vgpu/nccl.cpp)
+    os.mkdir(exchange)
     try:
-        yield {**env, ENV_SHARED: state}
+        yield {**env, ENV_SHARED: os.path.join(folder, "cards.state"), ENV_EXCHANGE: exchange}
     finally:
-        os.remove(state)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def run_ranks(cmd: list[str], env: dict[str, str], world: World,

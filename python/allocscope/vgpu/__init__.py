@@ -33,6 +33,7 @@ __all__ = [
     "ENV_EVENT_POLLS",
     "ENV_GPU",
     "ENV_MEMORY",
+    "ENV_EXCHANGE",
     "ENV_SHARED",
     "Preset",
     "VirtualGpuError",
@@ -52,6 +53,8 @@ ENV_CONTEXT = "ALLOCSCOPE_VGPU_CONTEXT"  # bytes: the CUDA context's share of ea
 ENV_EVENT_POLLS = "ALLOCSCOPE_VGPU_EVENT_POLLS"  # queries an event stays pending for (default 1)
 # A file through which the processes of a run share their cards (csrc/vgpu/shared.h)
 ENV_SHARED = "ALLOCSCOPE_VGPU_SHARED"
+# A folder through which the virtual NCCL's small broadcasts move real bytes between the processes of a run
+ENV_EXCHANGE = "ALLOCSCOPE_VGPU_EXCHANGE"
 
 LIB_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib")
 _CORE = "libvgpu.so"
@@ -160,7 +163,7 @@ def environment(gpu: str, *, memory: int | str | None = None, context: int | str
     from ..common.bootstrap import with_bootstrap
 
     env = {k: v for k, v in (os.environ if base is None else base).items()
-           if k not in (ENV_GPU, ENV_MEMORY, ENV_CONTEXT, ENV_EVENT_POLLS, ENV_SHARED)}
+           if k not in (ENV_GPU, ENV_MEMORY, ENV_CONTEXT, ENV_EVENT_POLLS, ENV_SHARED, ENV_EXCHANGE)}
     env.update(_settings(gpu, memory, context, event_polls))
     return with_bootstrap(env)
 
