@@ -35,7 +35,7 @@ GPU_CHECK_OUT ?= gpu-check
 # e.g. "--deadline $$(($$(date +%s) + 540))" to end inside a time limit
 GPU_CHECK_ARGS ?=
 
-.PHONY: demo test test-main test-main-cpu test-main-cuda test-compat test-system gpu-check browser bench clean
+.PHONY: demo test test-main test-main-cpu test-main-cuda test-main-many-gpus test-compat test-system gpu-check browser bench clean
 
 # CUDA first: on the GPU if there is one, else on a virtual H100 (torch's real
 # caching allocator); then a shorter CPU recording.
@@ -50,17 +50,21 @@ demo: $(VENV)/.built
 
 # Two jobs at a time, one a core, each target's output printed whole when it
 # ends: the main torch's CPU-path session beside the compat torch's set-up
-# and sessions, then the main torch's cuda session in the slot that frees.
+# and sessions, then the main torch's cuda sessions (the multi-process
+# `many_gpus` tests apart, about two minutes) in the slots that free.
 test:
-	@$(MAKE) --no-print-directory -j2 --output-sync=target test-main-cpu test-compat test-main-cuda
+	@$(MAKE) --no-print-directory -j2 --output-sync=target test-main-cpu test-compat test-main-cuda test-main-many-gpus
 
-test-main: test-main-cpu test-main-cuda
+test-main: test-main-cpu test-main-cuda test-main-many-gpus
 
 test-main-cpu: browser $(VENV)/.built
 	$(call PYTEST_CPU,$(PY),-p no:cacheprovider,)
 
 test-main-cuda: $(VENV)/.built
-	$(call PYTEST_CUDA,$(PY),-p no:cacheprovider,)
+	$(call PYTEST_CUDA,$(PY),-p no:cacheprovider,and not many_gpus)
+
+test-main-many-gpus: $(VENV)/.built
+	$(call PYTEST_CUDA,$(PY),-p no:cacheprovider,and many_gpus)
 
 # The HTML report's tests drive a headless Chromium from Debian's packages.
 # Without one (no root, no package mirror) those tests are skipped, loudly;

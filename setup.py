@@ -98,7 +98,7 @@ def _vgpu_libraries(major: int) -> list[tuple[str, list[str], list[str], str | N
         (f"libcublasLt.so.{major}", ["cublaslt.cpp"], [], f"libcublasLt.so.{major}"),
         (f"libcublas.so.{major}", ["cublas.cpp", "cublas_inert.cpp"], ["libvgpu.so"], f"libcublas.so.{major}"),
         # Unversioned, as the real libnccl.so.2 is.
-        ("libnccl.so.2", ["nccl.cpp"], ["libvgpu.so"], None),
+        ("libnccl.so.2", ["nccl.cpp", "nccl_exchange.cpp"], ["libvgpu.so"], None),
     ]
 
 

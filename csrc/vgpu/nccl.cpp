@@ -19,16 +19,10 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
-#include <thread>
 #include <random>
 #include <set>
 #include <string>
@@ -36,6 +30,7 @@
 #include <vector>
 
 #include "core.h"
+#include "nccl_exchange.h"
 
 #define API extern "C" __attribute__((visibility("default")))
 
@@ -188,67 +183,8 @@ void fill_slots(void* recv, const void* send, size_t bytes, int slots) {
   }
 }
 
-// ---- small broadcasts move real bytes between the processes of a run
-//
-// Scripts check that ranks agree by broadcasting a value from rank 0 into
-// a buffer the others filled with a sentinel (DeepSpeed ZeRO-3's module
-// order), and broadcast pickled objects (broadcast_object_list): neither
-// survives meaningless bytes. Where the processes of a run share their
-// cards (ALLOCSCOPE_VGPU_EXCHANGE names a folder, set with the shared
-// device state), a broadcast of at most kExchangeMax bytes is real: the
-// root writes its bytes to a file named by the communicator and the
-// broadcast's number, the others wait for it (every rank makes the same
-// broadcasts in the same order, as NCCL requires). A rank alone, or a
-// root that never comes within kExchangeWait, leaves the buffer as it was.
-constexpr size_t kExchangeMax = 1 << 20;
-constexpr auto kExchangeWait = std::chrono::seconds(60);
-
-const char* exchange_dir() {
-  static const char* dir = [] {
-    const char* d = std::getenv("ALLOCSCOPE_VGPU_EXCHANGE");
-    return d != nullptr && *d != '\0' ? d : nullptr;
-  }();
-  return dir;
-}
-
-uint64_t fnv1a(const void* data, size_t n, uint64_t h = 1469598103934665603ull) {
-  const unsigned char* p = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  return h;
-}
-
 void exchange_broadcast(ncclComm* c, const void* send, void* recv, size_t bytes, int root) {
-  if (exchange_dir() == nullptr || c->nranks < 2 || bytes == 0 || bytes > kExchangeMax) return;
-  char path[4096];
-  std::snprintf(path, sizeof(path), "%s/%016llx-%llu", exchange_dir(), static_cast<unsigned long long>(c->id),
-                static_cast<unsigned long long>(c->broadcasts++));
-  if (c->rank == root) {
-    std::string tmp = std::string(path) + ".tmp" + std::to_string(getpid());
-    FILE* f = std::fopen(tmp.c_str(), "wb");
-    if (f == nullptr) return;
-    bool ok = std::fwrite(send, 1, bytes, f) == bytes;
-    ok = std::fclose(f) == 0 && ok;
-    if (ok) std::rename(tmp.c_str(), path);  // whole or not at all, for the readers
-    else std::remove(tmp.c_str());
-    return;
-  }
-  auto deadline = std::chrono::steady_clock::now() + kExchangeWait;
-  for (auto pause = std::chrono::microseconds(50);; pause = std::min(pause * 2, std::chrono::microseconds(20000))) {
-    FILE* f = std::fopen(path, "rb");
-    if (f != nullptr) {
-      std::vector<char> data(bytes);
-      size_t got = std::fread(data.data(), 1, bytes, f);
-      std::fclose(f);
-      if (got == bytes) vgpu::copy(recv, data.data(), bytes);
-      return;
-    }
-    if (std::chrono::steady_clock::now() > deadline) {
-      std::fprintf(stderr, "allocscope vgpu: rank %d waited %llds for rank %d's broadcast; its buffer is left as "
-                   "it was\n", c->rank, static_cast<long long>(kExchangeWait.count()), root);
-      return;
-    }
-    std::this_thread::sleep_for(pause);
-  }
+  if (c->nranks > 1) vgpu::nccl::exchange_broadcast(c->id, c->broadcasts++, c->rank, root, send, recv, bytes);
 }
 
 ncclResult_t new_comm(ncclComm_t* out, int nranks, int rank, int device, uint64_t id = 0) {
@@ -304,16 +240,16 @@ API const char* ncclGetLastError(ncclComm_t) {
 // ---- communicators
 
 API ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) {
-  return new_comm(comm, nranks, rank, vgpu::current_device(), fnv1a(&id, sizeof(id)));
+  return new_comm(comm, nranks, rank, vgpu::current_device(), vgpu::nccl::fnv1a(&id, sizeof(id)));
 }
 
 API ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank, ncclConfig_t*) {
-  return new_comm(comm, nranks, rank, vgpu::current_device(), fnv1a(&id, sizeof(id)));
+  return new_comm(comm, nranks, rank, vgpu::current_device(), vgpu::nccl::fnv1a(&id, sizeof(id)));
 }
 
 API ncclResult_t ncclCommInitRankScalable(ncclComm_t* comm, int nranks, int rank, int nids, ncclUniqueId* ids,
                                           ncclConfig_t*) {
-  uint64_t id = nids > 0 && ids != nullptr ? fnv1a(ids, sizeof(*ids)) : 0;
+  uint64_t id = nids > 0 && ids != nullptr ? vgpu::nccl::fnv1a(ids, sizeof(*ids)) : 0;
   return new_comm(comm, nranks, rank, vgpu::current_device(), id);
 }
 
@@ -339,14 +275,14 @@ API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int, ncclComm_t* newc
     return ncclSuccess;
   }
   return new_comm(newcomm, comm->nranks, std::min(comm->rank, comm->nranks - 1), comm->device,
-                  fnv1a(name, sizeof(name)));
+                  vgpu::nccl::fnv1a(name, sizeof(name)));
 }
 
 API ncclResult_t ncclCommShrink(ncclComm_t comm, int*, int exclude_count, ncclComm_t* newcomm, ncclConfig_t*, int) {
   if (!valid(comm)) return ncclInvalidArgument;
   int n = std::max(1, comm->nranks - std::max(0, exclude_count));
   uint64_t name[3] = {comm->id, comm->splits++, ~0ull};
-  return new_comm(newcomm, n, std::min(comm->rank, n - 1), comm->device, fnv1a(name, sizeof(name)));
+  return new_comm(newcomm, n, std::min(comm->rank, n - 1), comm->device, vgpu::nccl::fnv1a(name, sizeof(name)));
 }
 
 API ncclResult_t ncclCommFinalize(ncclComm_t comm) {

@@ -22,6 +22,7 @@ SCRIPT = os.path.join(ROOT, "tests", "scripts", "dist_train.py")
 
 pytestmark = [
     pytest.mark.cuda,
+    pytest.mark.many_gpus,
     pytest.mark.skipif(not allocscope.vgpu.available(), reason="built without the virtual GPU"),
     pytest.mark.skipif(not os.path.exists(os.path.join(allocscope.vgpu.LIB_DIR, "libnccl.so.2")),
                        reason="built without nccl.h: the virtual GPU has no NCCL"),
@@ -86,13 +87,13 @@ def test_torchrun_with_nccl_on_two_virtual_cards_records_every_rank_exactly(tmp_
         assert card["virtual"]["nccl_peak"] > 0
 
 
-@pytest.mark.parametrize("mode", ["fsdp2", "ddp"])
-def test_rank_zero_alone_has_the_peak_of_rank_zero_of_four_processes(tmp_path, mode):
+@pytest.mark.parametrize("mode, rank", [("fsdp2", 0), ("ddp", 0), ("hsdp", 3), ("fsdp1", 2)])
+def test_a_rank_alone_has_the_peak_of_that_rank_of_four_processes(tmp_path, mode, rank):
     together = torchrun(tmp_path, mode, 4, "together")
-    by_itself = alone(tmp_path, mode, 4, 0, "alone")
-    assert torch_says(by_itself, 0)["max_memory_reserved"] == torch_says(together, 0)["max_memory_reserved"]
-    a = allocscope.load(tmp_path / "alone.rank0.alsc")
-    b = allocscope.load(tmp_path / "together.rank0.alsc")
+    by_itself = alone(tmp_path, mode, 4, rank, "alone")
+    assert torch_says(by_itself, rank)["max_memory_reserved"] == torch_says(together, rank)["max_memory_reserved"]
+    a = allocscope.load(tmp_path / f"alone.rank{rank}.alsc")
+    b = allocscope.load(tmp_path / f"together.rank{rank}.alsc")
     assert int(recorded_reserved(a).max()) == int(recorded_reserved(b).max())
     assert a.metadata["distributed"].get("alone") and not b.metadata["distributed"].get("alone")
 

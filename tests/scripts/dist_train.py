@@ -3,7 +3,8 @@ torchrun, or as one rank alone (allocscope run --world-size). Backend nccl.
 
     dist_train.py MODE OUT_DIR
 
-MODE: ddp, fsdp2, tp (colwise/rowwise MLP over the whole world), noset (each
+MODE: ddp, fsdp1, fsdp2, hsdp (FSDP2 on a 2 x N/2 mesh: replicate x shard),
+tp (colwise/rowwise MLP over the whole world), noset (each
 rank allocates before torch.cuda.set_device: its context lands on cuda:0),
 objects (the object collectives). Each rank writes OUT_DIR/rankN.json with
 torch's own peaks and what the object collectives returned."""
@@ -41,6 +42,19 @@ elif mode == "fsdp2":
     for layer in model:
         fully_shard(layer)
     fully_shard(model)
+elif mode == "fsdp1":
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    model = FullyShardedDataParallel(torch.nn.Sequential(*[mlp() for _ in range(3)]).cuda(), device_id=local)
+elif mode == "hsdp":
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cuda", (2, world // 2), mesh_dim_names=("replicate", "shard"))
+    model = torch.nn.Sequential(*[mlp() for _ in range(3)]).cuda()
+    for layer in model:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
 elif mode == "tp":
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
