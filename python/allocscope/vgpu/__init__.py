@@ -286,8 +286,14 @@ def activate_from_environment() -> None:
 
 def state() -> dict[str, Any]:
     """The virtual devices and their memory now: {"devices": [{"key", "total",
-    "context_bytes", "used"}, ...], "event_polls": n}. `used` counts what a
-    real card's "used" does: the context and every allocation, in 2 MiB units."""
+    "context_bytes", "used", "own", "nccl", "nccl_peak", "other_processes",
+    "other_contexts", "contexts_created"}, ...], "event_polls": n}. `used`
+    counts what a real card's "used" does: contexts and allocations, in 2 MiB
+    units, of every process of the run sharing the card (docs/vgpu.md, "Many
+    GPUs"); `own` this process's alone, `nccl` / `nccl_peak` NCCL's own
+    buffers now and at their most, `other_processes` and `other_contexts`
+    what the run's other processes hold there now, `contexts_created` the
+    contexts created there by any of them, ever."""
     if not active():
         raise VirtualGpuError("the virtual GPU is not on in this process")
     return json.loads(_core().allocscope_vgpu_state_json())
