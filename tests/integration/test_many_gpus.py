@@ -193,8 +193,9 @@ def test_a_glob_matching_nothing_and_captures_of_two_runs_are_refused(tmp_path):
     for name in ("a", "b"):
         out = tmp_path / f"{name}-out"
         out.mkdir()
-        allocscope_cli(tmp_path, "run", "--gpu", "H100-80GB", "--world-size", "2", "--rank", "0" if name == "a" else "1",
-                       "-o", str(tmp_path / f"{name}.alsc"), "--", SCRIPT, "ddp", str(out))
+        allocscope_cli(tmp_path, "run", "--gpu", "H100-80GB", "--world-size", "2",
+                       "--rank", "0" if name == "a" else "1", "-o", str(tmp_path / f"{name}.alsc"), "--",
+                       SCRIPT, "ddp", str(out))
     os.rename(tmp_path / "b.rank1.alsc", tmp_path / "a.rank1.alsc")  # two runs under one name
     r = allocscope_cli(tmp_path, "report", "a.alsc", check=False)
     assert r.returncode != 0 and "two different runs" in r.stderr and "Traceback" not in r.stderr

@@ -77,7 +77,7 @@ def _on_torch_imported(options: dict[str, Any]) -> None:
             # Runs inside torch.cuda's lazy initialization, right after CUDA is
             # up (or now, if it already is). An exception there would break
             # the program's CUDA init: _start swallows its own.
-            torch.cuda._lazy_call(lambda: _start(options) if not _defer_to_set_device(torch) else None)
+            torch.cuda._lazy_call(lambda: _start(options) if not _defer_to_set_device() else None)
             _wrap_set_device(torch, options)
         else:
             _start(options)
@@ -93,7 +93,7 @@ def _on_torch_imported(options: dict[str, Any]) -> None:
 _set_device_pending: dict[str, bool] = {}
 
 
-def _defer_to_set_device(torch: Any) -> bool:
+def _defer_to_set_device() -> bool:
     if _set_device_pending.get("inside"):
         _set_device_pending["deferred"] = True
         return True

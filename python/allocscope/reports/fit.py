@@ -119,7 +119,8 @@ def fit_document(command: list[str], cards: list[dict[str, Any]], world: int | N
            "fits_everywhere": all(c["verdict"] == "fits" for c in cards)}
     if world is not None:
         doc["world_size"] = world
-        doc["jobs"] = [_job(gpu, [c for c in cards if c["gpu"] == gpu]) for gpu in dict.fromkeys(c["gpu"] for c in cards)]
+        gpus = dict.fromkeys(c["gpu"] for c in cards)
+        doc["jobs"] = [_job(gpu, [c for c in cards if c["gpu"] == gpu]) for gpu in gpus]
     return doc
 
 
