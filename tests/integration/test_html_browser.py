@@ -209,3 +209,34 @@ def test_the_timeline_axis_switches_between_time_and_events(browser, page):
     browser.click("#timeline-toolbar button[data-axis=time]")
     assert browser.evaluate(f"{tl}.axis") == "time"
     assert browser.console_errors() == []
+
+
+def test_the_page_of_a_run_opens_with_its_ranks(browser, page, tmp_path):
+    """A run's page (html RUN: reports/ranks.py's document beside the worst
+    rank's report), drawn from a synthetic document over a real capture."""
+    cap = allocscope.load(page.replace(".html", ".alsc"))
+    row = {"card": 0, "peak_allocated_bytes": 1 << 30, "peak_reserved_bytes": 3 << 29, "nccl_bytes": 640 << 20,
+           "other_contexts": 0, "other_contexts_bytes": 0, "stray_cards": [], "alone": False}
+    ranks = {"schema": "allocscope.ranks/1", "world_size": 3, "run_id": "r", "measure": "device_used_bytes",
+             "ranks": [row | {"rank": 0, "capture": "a.rank0.alsc", "device_used_bytes": 5 << 30,
+                              "other_contexts": 2, "other_contexts_bytes": 1 << 30},
+                       row | {"rank": 1, "capture": "<img src=x onerror=alert(1)>", "card": 1,
+                              "device_used_bytes": 4 << 30, "stray_cards": [0]},
+                       row | {"rank": 2, "capture": "a.rank2.alsc", "card": 2, "device_used_bytes": 4 << 30}],
+             "worst_rank": 0, "median_rank": 1, "worst_over_median_bytes": 1 << 30,
+             "differences": [{"dimension": "category", "name": "activation", "worst_bytes": 3 << 20,
+                              "median_bytes": 1 << 20, "difference_bytes": 2 << 20}]}
+    path = str(tmp_path / "run.html")
+    write_html(cap, path, progress=False, ranks=ranks | {"worst": {}})
+    browser.open(path)
+    assert browser.console_errors() == []
+    assert browser.evaluate("getComputedStyle(document.getElementById('ranks-section')).display") != "none"
+    assert "rank 0" in browser.evaluate("document.getElementById('ranks-title').textContent")
+    rows = browser.evaluate("Array.from(document.querySelectorAll('#ranks-table tr'))"
+                            ".map((tr) => tr.className + '|' + tr.textContent).join('\\n')").splitlines()
+    assert len(rows) == 4  # the header and three ranks
+    assert rows[1].startswith("worst|0") and "2 (1.00 GiB)" in rows[1]
+    assert "cuda:0" in rows[2].split("|")[1][-8:]  # rank 1 also holds memory on cuda:0
+    assert browser.evaluate("document.querySelectorAll('img').length") == 0
+    notes = browser.evaluate("document.getElementById('ranks-notes').textContent")
+    assert "median rank (1)" in notes and "activation" in notes
