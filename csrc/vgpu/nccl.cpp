@@ -51,10 +51,11 @@ constexpr uint64_t kP2pBytesPerPeer = 2 * 4 * kMiB;
 // (nvlsPerRankSize, 301,989,888 B; NCCL_NVLS_ENABLE=0 turns NVLS off).
 constexpr uint64_t kNvlsBytes = 288 * kMiB;
 
-// Channels NCCL opens on a card of this compute capability: calibrated to the
-// totals users report (4xA100: 544-688 MB per communicator, nccl#964;
-// 8xH100: 1.06 GB with NVLS, nccl#1685); NCCL_MAX_NCHANNELS caps it as it
-// caps the real library.
+// Channels NCCL opens on a card of this kind: its topology search finds the
+// ring's channels (12 on an A100 NVSwitch node, 16 with Hopper's NVLink 4) and
+// ncclTopoPostset doubles them; the totals users report agree (4xA100:
+// 544-688 MB per communicator, nccl#964; 8xH100: 1.06 GB with NVLS,
+// nccl#1685). NCCL_MAX_NCHANNELS caps it as it caps the real library.
 int channels(int device) {
   const vgpu::DeviceInfo* d = vgpu::device(device);
   int n = 4;  // PCIe cards
@@ -145,8 +146,8 @@ void release(ncclComm* c) {
   c->p2p_peers.clear();
 }
 
-// The first collective connects the ring and tree peers on every channel,
-// and NVLS where it is on.
+// The first collective connects every channel to its ring neighbours (one
+// connection each way), and NVLS where it is on.
 ncclResult_t connect_collectives(ncclComm* c) {
   if (c->collectives_connected || c->nranks < 2) return ncclSuccess;
   c->collectives_connected = true;
