@@ -128,6 +128,7 @@ class _Runs:
         from ..recording.autostart import child_environment
         from ..recording.metadata import ENV_FIT
         from ..reports.fit import card_result
+        from .run import shared_cards
         from .world import check_initialized, node_gpus, rank_environment, report_file
 
         path = self.path(gpu, value)
@@ -146,7 +147,9 @@ class _Runs:
             report = report_file()
             env = rank_environment(env, self.world, rank, report)
         print(f"allocscope fit: running {where}", file=sys.stderr)
-        status = wait_for(cmd, env, output_to_stderr=self.stdout_to_stderr)
+        # A command of several processes (torchrun) shares the cards, as under allocscope run.
+        with shared_cards(env, rank is None) as env:
+            status = wait_for(cmd, env, output_to_stderr=self.stdout_to_stderr)
         if report is not None:
             check_initialized(report, status, rank)
         written = outputs(path)
