@@ -139,6 +139,8 @@ def test_a_rank_without_set_device_shows_on_card_zero_in_the_report_across_ranks
     # NCCL in the worst rank's waterfall, by name.
     items = {i["item"]: i["bytes"] for i in doc["worst"]["gap"]}
     assert items["nccl"] == rows[0]["nccl_bytes"] > 0
+    info = allocscope_cli(tmp_path, "info", "noset.rank0.alsc").stdout
+    assert "at its most" in info and "NCCL 0 B" in info  # destroy_process_group gave NCCL's buffers back
     # A glob names the same run; html opens with the ranks.
     assert json.loads(allocscope_cli(tmp_path, "report", "--json", "noset.rank*.alsc").stdout)["ranks"] == doc["ranks"]
     r = allocscope_cli(tmp_path, "diff", "noset.alsc", "noset.rank1.alsc")

@@ -57,10 +57,25 @@ def _baseline_summary(b: dict[str, Any]) -> dict[str, Any]:
         out["segments"] = len(b.get("segments", []))
         out["reserved_bytes"] = sum(s.get("total_size", 0) for s in b.get("segments", []))
         out["allocated_bytes"] = sum(s.get("allocated_size", 0) for s in b.get("segments", []))
-        out["devices"] = [{k: d[k] for k in ("index", "used", "total") if k in d} for d in b.get("devices", [])]
+        out["devices"] = [{k: d[k] for k in ("index", "used", "total", "virtual") if k in d}
+                          for d in b.get("devices", [])]
     elif "rss_bytes" in b:
         out["rss_bytes"] = b["rss_bytes"]
     return out
+
+
+def _card_detail(d: dict[str, Any]) -> str:
+    """On the virtual GPU: NCCL's buffers and other processes on the card."""
+    v = d.get("virtual")
+    if not isinstance(v, dict):
+        return ""
+    parts = []
+    if v.get("nccl_peak"):
+        parts.append(f"NCCL {format_bytes(int(v['nccl']))}" + (f", {format_bytes(int(v['nccl_peak']))} at its most"
+                                                                if v["nccl_peak"] > v.get("nccl", 0) else ""))
+    if v.get("other_processes"):
+        parts.append(f"other processes {format_bytes(int(v['other_processes']))}")
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def render(s: dict[str, Any]) -> str:
@@ -100,7 +115,8 @@ def render(s: dict[str, Any]) -> str:
                  + " (requested bytes allocated while recording)")
     for b in s["baselines"]:
         if b["device_type"] == "cuda":
-            used = "; ".join(f"cuda:{d['index']} device used {fb(d['used'])} of {fb(d['total'])}" for d in b["devices"] if "used" in d)
+            used = "; ".join(f"cuda:{d['index']} device used {fb(d['used'])} of {fb(d['total'])}{_card_detail(d)}"
+                             for d in b["devices"] if "used" in d)
             lines.append(f"  baseline   {b['label']}: reserved {fb(b['reserved_bytes'])} in {b['segments']} segments, "
                          f"allocated {fb(b['allocated_bytes'])}" + (f"; {used}" if used else ""))
         elif b.get("rss_bytes"):
