@@ -109,8 +109,12 @@ def run_ranks(cmd: list[str], env: dict[str, str], world: World,
     status (a rank that never initialized a process group: InputError)."""
     from .world import check_initialized, rank_environment, report_file
 
+    import sys
+
     first = 0
     for rank in world.ranks:
+        print(f"allocscope run: rank {rank} of {world.size}, alone on a virtual node of {world.gpus_per_node} "
+              f"card{'s' if world.gpus_per_node > 1 else ''}", file=sys.stderr)
         report = report_file()
         status = wait_for(cmd, rank_environment(env, world, rank, report), output_to_stderr=output_to_stderr)
         check_initialized(report, status, rank)
