@@ -69,17 +69,18 @@ def assert_exact(cap):
     return rep
 
 
-@pytest.mark.parametrize("mode", ["ddp", "fsdp2", "tp"])
-def test_torchrun_with_nccl_on_two_virtual_cards_records_every_rank_exactly(tmp_path, mode):
-    out = torchrun(tmp_path, mode, 2, mode)
-    files = sorted(glob.glob(str(tmp_path / f"{mode}.rank*.alsc")))
-    assert [os.path.basename(f) for f in files] == [f"{mode}.rank0.alsc", f"{mode}.rank1.alsc"]
+def test_torchrun_with_nccl_on_two_virtual_cards_records_every_rank_exactly(tmp_path):
+    # DDP, FSDP2 and tensor parallel one after the other in each rank.
+    out = torchrun(tmp_path, "ddp,fsdp2,tp", 2, "two")
+    files = sorted(glob.glob(str(tmp_path / "two.rank*.alsc")))
+    assert [os.path.basename(f) for f in files] == ["two.rank0.alsc", "two.rank1.alsc"]
     for rank, path in enumerate(files):
         cap = allocscope.load(path)
         assert cap.complete
         assert cap.metadata["distributed"]["rank"] == rank and cap.metadata["distributed"]["world_size"] == 2
         rep = assert_exact(cap)
         said = torch_says(out, rank)
+        assert set(said["peaks"]) == {"ddp", "fsdp2", "tp"}
         # The recorded peak of reserved memory is torch's own in that rank, and the replay's.
         assert int(recorded_reserved(cap).max()) == said["max_memory_reserved"] == rep.peak_reserved
         # NCCL's buffers were charged to the rank's card outside the allocator (docs/vgpu.md).
@@ -87,15 +88,29 @@ def test_torchrun_with_nccl_on_two_virtual_cards_records_every_rank_exactly(tmp_
         assert card["virtual"]["nccl_peak"] > 0
 
 
-@pytest.mark.parametrize("mode, rank", [("fsdp2", 0), ("ddp", 0), ("hsdp", 3), ("fsdp1", 2)])
-def test_a_rank_alone_has_the_peak_of_that_rank_of_four_processes(tmp_path, mode, rank):
-    together = torchrun(tmp_path, mode, 4, "together")
-    by_itself = alone(tmp_path, mode, 4, rank, "alone")
-    assert torch_says(by_itself, rank)["max_memory_reserved"] == torch_says(together, rank)["max_memory_reserved"]
+@pytest.fixture(scope="module")
+def four_processes(tmp_path_factory):
+    """DDP then FSDP2, as 4 processes on 4 virtual cards."""
+    d = tmp_path_factory.mktemp("four")
+    return d, torchrun(d, "ddp,fsdp2", 4, "together")
+
+
+@pytest.mark.parametrize("rank", [0, 3])
+def test_a_rank_alone_has_the_peaks_of_that_rank_of_four_processes(tmp_path, four_processes, rank):
+    d, together = four_processes
+    by_itself = alone(tmp_path, "ddp,fsdp2", 4, rank, "alone")
+    # Each mode's peaks (DDP, FSDP2), torch's own, to the byte.
+    assert torch_says(by_itself, rank)["peaks"] == torch_says(together, rank)["peaks"]
     a = allocscope.load(tmp_path / f"alone.rank{rank}.alsc")
-    b = allocscope.load(tmp_path / f"together.rank{rank}.alsc")
+    b = allocscope.load(d / f"together.rank{rank}.alsc")
     assert int(recorded_reserved(a).max()) == int(recorded_reserved(b).max())
     assert a.metadata["distributed"].get("alone") and not b.metadata["distributed"].get("alone")
+
+
+def test_hsdp_and_fsdp1_alone_have_the_peaks_of_two_processes(tmp_path):
+    together = torchrun(tmp_path, "hsdp,fsdp1", 2, "together")
+    by_itself = alone(tmp_path, "hsdp,fsdp1", 2, 1, "alone")
+    assert torch_says(by_itself, 1)["peaks"] == torch_says(together, 1)["peaks"]
 
 
 def test_a_rank_alone_of_a_thousand_runs_fsdp2_with_the_smallest_shards(tmp_path):

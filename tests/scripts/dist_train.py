@@ -1,14 +1,16 @@
 """A small distributed training script, unmodified for allocscope: run under
 torchrun, or as one rank alone (allocscope run --world-size). Backend nccl.
 
-    dist_train.py MODE OUT_DIR
+    dist_train.py MODE[,MODE...] OUT_DIR
 
-MODE: ddp, fsdp1, fsdp2, hsdp (FSDP2 on a 2 x N/2 mesh: replicate x shard),
+Modes run one after the other in the process. MODE: ddp, fsdp1, fsdp2, hsdp (FSDP2 on a 2 x N/2 mesh: replicate x shard),
 tp (colwise/rowwise MLP over the whole world), noset (each
 rank allocates before torch.cuda.set_device: its context lands on cuda:0),
 objects (the object collectives). Each rank writes OUT_DIR/rankN.json with
-torch's own peaks and what the object collectives returned."""
+torch's own peaks, per mode and of the whole process, and what the object
+collectives returned."""
 
+import gc
 import json
 import os
 import sys
@@ -16,61 +18,66 @@ import sys
 import torch
 import torch.distributed as dist
 
-mode, out_dir = sys.argv[1], sys.argv[2]
+modes, out_dir = sys.argv[1].split(","), sys.argv[2]
 dist.init_process_group("nccl")
 rank, world = dist.get_rank(), dist.get_world_size()
 local = int(os.environ.get("LOCAL_RANK", "0"))
-if mode == "noset":
+if "noset" in modes:
     probe = torch.zeros(1, device="cuda")  # before set_device: on cuda:0
 torch.cuda.set_device(local)
 torch.manual_seed(0)
-result = {"rank": rank, "world_size": world}
+result = {"rank": rank, "world_size": world, "peaks": {}}
 
 
 def mlp():
     return torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 256))
 
 
-if mode in ("ddp", "noset", "objects"):
-    from torch.nn.parallel import DistributedDataParallel
+def build(mode):
+    if mode in ("ddp", "noset", "objects"):
+        from torch.nn.parallel import DistributedDataParallel
 
-    model = DistributedDataParallel(mlp().cuda(), device_ids=[local])
-elif mode == "fsdp2":
-    from torch.distributed.fsdp import fully_shard
+        return DistributedDataParallel(mlp().cuda(), device_ids=[local])
+    if mode == "fsdp1":
+        from torch.distributed.fsdp import FullyShardedDataParallel
 
-    model = torch.nn.Sequential(*[mlp() for _ in range(3)]).cuda()
-    for layer in model:
-        fully_shard(layer)
-    fully_shard(model)
-elif mode == "fsdp1":
-    from torch.distributed.fsdp import FullyShardedDataParallel
+        return FullyShardedDataParallel(torch.nn.Sequential(*[mlp() for _ in range(3)]).cuda(), device_id=local)
+    if mode in ("fsdp2", "hsdp"):
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
 
-    model = FullyShardedDataParallel(torch.nn.Sequential(*[mlp() for _ in range(3)]).cuda(), device_id=local)
-elif mode == "hsdp":
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+        mesh = None
+        if mode == "hsdp":
+            mesh = init_device_mesh("cuda", (2, world // 2), mesh_dim_names=("replicate", "shard"))
+        model = torch.nn.Sequential(*[mlp() for _ in range(3)]).cuda()
+        for layer in model:
+            fully_shard(layer, mesh=mesh)
+        return fully_shard(model, mesh=mesh)
+    if mode == "tp":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    mesh = init_device_mesh("cuda", (2, world // 2), mesh_dim_names=("replicate", "shard"))
-    model = torch.nn.Sequential(*[mlp() for _ in range(3)]).cuda()
-    for layer in model:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-elif mode == "tp":
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-
-    mesh = init_device_mesh("cuda", (world,))
-    model = parallelize_module(mlp().cuda(), mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
-else:
+        mesh = init_device_mesh("cuda", (world,))
+        return parallelize_module(mlp().cuda(), mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
     raise SystemExit(f"unknown mode {mode}")
 
-opt = torch.optim.AdamW(model.parameters())
-for _ in range(2):
-    model(torch.randn(32, 256, device="cuda")).sum().backward()
-    opt.step()
-    opt.zero_grad()
 
-if mode == "objects":
+# One mode after the other in one process; each mode's peaks since the last.
+for mode in modes:
+    torch.cuda.reset_peak_memory_stats()
+    model = build(mode)
+    opt = torch.optim.AdamW(model.parameters())
+    for _ in range(2):
+        model(torch.randn(32, 256, device="cuda")).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    torch.cuda.synchronize()
+    result["peaks"][mode] = {"max_memory_reserved": torch.cuda.max_memory_reserved(),
+                             "max_memory_allocated": torch.cuda.max_memory_allocated()}
+    del model, opt
+    gc.collect()  # DDP's and FSDP's reference cycles: freed now, not at a later collection inside the next mode
+
+if "objects" in modes:
     gathered = [None] * world
     dist.all_gather_object(gathered, {"from": rank})
     sent = [{"config": "only the source's"} if rank == 0 else None]
@@ -99,8 +106,9 @@ def nccl_memory():
         return {"error": f"{type(e).__name__}: {e}"}
 
 
-result["max_memory_reserved"] = torch.cuda.max_memory_reserved()
-result["max_memory_allocated"] = torch.cuda.max_memory_allocated()
+# The process's peaks: the most of each mode's (each counted from the last reset).
+result["max_memory_reserved"] = max(p["max_memory_reserved"] for p in result["peaks"].values())
+result["max_memory_allocated"] = max(p["max_memory_allocated"] for p in result["peaks"].values())
 free, total = torch.cuda.mem_get_info()
 result["device_used"] = total - free
 dist.all_reduce(torch.zeros(1, device="cuda"))  # the communicator exists (a world of 1 may not need one)
