@@ -107,10 +107,12 @@ def test_a_rank_alone_has_the_peaks_of_that_rank_of_four_processes(tmp_path, fou
     assert a.metadata["distributed"].get("alone") and not b.metadata["distributed"].get("alone")
 
 
-def test_hsdp_and_fsdp1_alone_have_the_peaks_of_two_processes(tmp_path):
-    together = torchrun(tmp_path, "hsdp,fsdp1", 2, "together")
-    by_itself = alone(tmp_path, "hsdp,fsdp1", 2, 1, "alone")
-    assert torch_says(by_itself, 1)["peaks"] == torch_says(together, 1)["peaks"]
+@pytest.mark.parametrize("mode, rank", [("hsdp", 3), ("fsdp1", 2)])
+def test_hsdp_and_fsdp1_alone_have_the_peaks_of_four_processes(tmp_path, mode, rank):
+    # Each in a process of its own (HSDP on a 2 x 2 mesh).
+    together = torchrun(tmp_path, mode, 4, "together")
+    by_itself = alone(tmp_path, mode, 4, rank, "alone")
+    assert torch_says(by_itself, rank)["peaks"] == torch_says(together, rank)["peaks"]
 
 
 def test_a_rank_alone_of_a_thousand_runs_fsdp2_with_the_smallest_shards(tmp_path):
