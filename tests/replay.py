@@ -47,3 +47,18 @@ def check_start_to_end(cap):
     assert freed_older <= set(baseline_blocks(start))
     live = {int(ev.addr[i]) for i in lt.live_at_end} | (set(baseline_blocks(start)) - freed_older)
     assert live == set(end_blocks)
+
+
+def assert_exact(cap):
+    """Replays a CUDA capture and asserts the replay followed the recording
+    exactly (every segment event, every address, the end snapshot); returns
+    the replay."""
+    from allocscope.allocator.replay import replay
+
+    rep = replay(cap)
+    f = rep.fidelity
+    assert f.first_mismatch is None, f.first_mismatch
+    assert f.matched == f.recorded_segment_events > 0
+    assert f.address_mismatches == 0
+    assert f.end_snapshot["equal"], f.end_snapshot
+    return rep

@@ -17,6 +17,7 @@ from allocscope.reports.report import build_report
 from allocscope.allocator.sizes import allocation_size
 
 from ..conftest import ROOT
+from ..replay import assert_exact
 from ..support.environment import with_alloc_conf
 
 pytestmark = pytest.mark.cuda
@@ -30,16 +31,6 @@ def record(tmp_path, workload, conf=""):
     out = subprocess.run([sys.executable, SCRIPT, workload, str(path)], env=env, capture_output=True, text=True)
     assert out.returncode == 0, f"{workload} exited {out.returncode}: {out.stderr[-2000:]}"
     return allocscope.load(path), int(out.stdout.split()[-1])
-
-
-def assert_exact(cap):
-    rep = replay(cap)
-    f = rep.fidelity
-    assert f.first_mismatch is None, f.first_mismatch
-    assert f.matched == f.recorded_segment_events > 0
-    assert f.address_mismatches == 0
-    assert f.end_snapshot["equal"], f.end_snapshot
-    return rep
 
 
 @pytest.mark.parametrize("conf", ["", "expandable_segments:True"])

@@ -14,9 +14,9 @@ import pytest
 
 import allocscope
 from allocscope.allocator.recorded import recorded_reserved
-from allocscope.allocator.replay import replay
 
 from ..conftest import ROOT
+from ..replay import assert_exact
 
 SCRIPT = os.path.join(ROOT, "tests", "scripts", "dist_train.py")
 
@@ -57,16 +57,6 @@ def alone(tmp_path, mode, world, rank, name):
 def torch_says(out, rank):
     with open(out / f"rank{rank}.json") as f:
         return json.load(f)
-
-
-def assert_exact(cap):
-    rep = replay(cap)
-    f = rep.fidelity
-    assert f.first_mismatch is None, f.first_mismatch
-    assert f.matched == f.recorded_segment_events > 0
-    assert f.address_mismatches == 0
-    assert f.end_snapshot["equal"], f.end_snapshot
-    return rep
 
 
 def test_torchrun_with_nccl_on_two_virtual_cards_records_every_rank_exactly(tmp_path):
