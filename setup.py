@@ -91,7 +91,7 @@ def _vgpu_include_dirs(major: int) -> list[str] | None:
 def _vgpu_libraries(major: int) -> list[tuple[str, list[str], list[str], str | None]]:
     return [
         ("libvgpu.so", ["devices.cpp", "memory.cpp", "shared.cpp", "streams.cpp"], [], None),
-        ("libcuda.so.1", ["driver.cpp"], ["libvgpu.so"], None),
+        ("libcuda.so.1", ["driver.cpp", "cubin.cpp"], ["libvgpu.so"], None),
         (f"libcudart.so.{major}", ["cudart.cpp", "cudart_memory.cpp", "cudart_streams.cpp"],
          ["libcuda.so.1", "libvgpu.so"], f"libcudart.so.{major}"),
         ("libnvidia-ml.so.1", ["nvml.cpp"], ["libvgpu.so"], None),

@@ -11,11 +11,11 @@ With transformers / torchvision installed (optional), --impl auto builds
 their models from configurations; otherwise plain-PyTorch equivalents with
 the same layer shapes and parameter counts.
 
---compile: torch.compile's default backend (inductor) generates Triton
-kernels, which need a real GPU; on the virtual GPU (or with --compile-backend
-aot_eager anywhere) the model is compiled by AOTAutograd with eager kernels,
-which decides what backward saves the way inductor's partitioner does, but
-not inductor's fusion (fewer temporaries on a real GPU).
+--compile: torch.compile with its default backend, inductor, on a GPU and on
+the virtual GPU alike (Triton's kernels compile on the CPU and launch as
+no-ops there: docs/vgpu.md); on the CPU, or with --compile-backend aot_eager,
+AOTAutograd with eager kernels (what backward saves as under inductor, but
+not inductor's fusion).
 """
 
 from __future__ import annotations
@@ -42,10 +42,6 @@ except ImportError:  # the script runs without allocscope too
         return None
 
 
-def _on_virtual_gpu() -> bool:
-    return bool(os.environ.get("ALLOCSCOPE_VGPU"))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", choices=model_zoo.MODELS)
@@ -57,7 +53,7 @@ def main() -> None:
     parser.add_argument("--checkpoint", action="store_true", help="activation checkpointing per block")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
     parser.add_argument("--compile-backend", default=None,
-                        help="default: inductor on a GPU, aot_eager on the virtual GPU or the CPU")
+                        help="default: inductor on a GPU (virtual or not), aot_eager on the CPU")
     parser.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw")
     parser.add_argument("--impl", choices=("auto", "hf", "plain"), default="auto",
                         help="hf: transformers / torchvision; plain: the equivalents in model_zoo.py")
@@ -82,7 +78,7 @@ def main() -> None:
         opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     watch(model, opt)  # under allocscope run / fit: parameters, gradients, activations, optimizer state named
     if args.compile:
-        backend = args.compile_backend or ("aot_eager" if device.type != "cuda" or _on_virtual_gpu() else "inductor")
+        backend = args.compile_backend or ("inductor" if device.type == "cuda" else "aot_eager")
         model = torch.compile(model, backend=backend)
     started = time.perf_counter()
     model_zoo.train_steps(model, opt, make_batch, loss_fn, batch=batch, steps=args.steps, device=device,

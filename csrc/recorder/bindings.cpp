@@ -73,6 +73,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("cuda_tracker_attached", &cuda::tracker_attached);
   m.def("cuda_wrapped_name", &cuda::wrapped_name);
   m.def("cuda_baseline_json", &cuda::baseline_json, py::arg("label"), py::arg("devices"),
+        py::arg("with_context"),
         py::call_guard<py::gil_scoped_release>());
 #endif
 

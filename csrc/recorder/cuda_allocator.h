@@ -32,8 +32,11 @@ c10::cuda::CUDACachingAllocator::CUDAAllocator* wrapped();
 std::string wrapped_name();
 
 // The wrapped allocator's snapshot (segments and blocks), statistics, settings
-// and the devices' memory info, as a JSON object (cuda_baseline.cpp).
-std::string baseline_json(const std::string& label, const std::vector<int>& devices);
+// and the devices' memory info, as a JSON object (cuda_baseline.cpp). The
+// memory info (free, total, used) only for devices in with_context: asking
+// a device without a CUDA context for it creates one.
+std::string baseline_json(const std::string& label, const std::vector<int>& devices,
+                          const std::vector<int>& with_context);
 
 // Test seam: where the wrapper reads the current device and stream from. The
 // real functions need a GPU; the test harness installs fakes.

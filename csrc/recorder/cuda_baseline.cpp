@@ -6,6 +6,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <shared_mutex>
@@ -100,7 +101,8 @@ void write_all_workspaces(JsonWriter& j) {
 
 }  // namespace
 
-std::string baseline_json(const std::string& label, const std::vector<int>& devices) {
+std::string baseline_json(const std::string& label, const std::vector<int>& devices,
+                          const std::vector<int>& with_context) {
   cca::CUDAAllocator* a = wrapped();
   JsonWriter j;
   j.begin_object();
@@ -147,8 +149,10 @@ std::string baseline_json(const std::string& label, const std::vector<int>& devi
     auto index = static_cast<c10::DeviceIndex>(device);
     j.begin_object().field("index", device);
     try {
-      auto [free, total] = a->getMemoryInfo(index);
-      j.field("free", uint64_t{free}).field("total", uint64_t{total}).field("used", uint64_t{total - free});
+      if (std::find(with_context.begin(), with_context.end(), device) != with_context.end()) {
+        auto [free, total] = a->getMemoryInfo(index);
+        j.field("free", uint64_t{free}).field("total", uint64_t{total}).field("used", uint64_t{total - free});
+      }
     } catch (const c10::Error&) {
     }
     try {

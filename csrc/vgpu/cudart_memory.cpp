@@ -33,6 +33,14 @@ Pool g_mem_pools[16] = {{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, {10}, 
 API cudaError_t cudaMalloc(void** ptr, size_t size) {
   return ret(vgpu::malloc_device(current(), size, ptr));
 }
+// Managed memory is device memory here (the virtual card's memory is host
+// memory the CPU can touch too), charged to the current device when made:
+// a card charges it as its pages reach the device, for code that uses it
+// on the device (a CUDAPluggableAllocator built on it) the same bytes.
+API cudaError_t cudaMallocManaged(void** ptr, size_t size, unsigned int flags) {
+  if (flags != cudaMemAttachGlobal && flags != cudaMemAttachHost) return cudaErrorInvalidValue;
+  return ret(vgpu::malloc_device(current(), size, ptr));
+}
 API cudaError_t cudaFree(void* ptr) {
   if (ptr == nullptr) return ret(vgpu::create_context(current()));
   vgpu::PointerInfo info = vgpu::pointer_info(ptr);

@@ -5,8 +5,11 @@
 
 #include <cstdio>
 #include <cstring>
+#include <mutex>
+#include <vector>
 
 #include "core.h"
+#include "cubin.h"
 #include "driver_table.h"
 
 namespace {
@@ -49,6 +52,9 @@ constexpr DriverError kDriverErrors[] = {
     {CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
      "operation not permitted when stream is capturing"},
     {CUDA_ERROR_ILLEGAL_STATE, "CUDA_ERROR_ILLEGAL_STATE", "the operation is not permitted in this state"},
+    {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
+    {CUDA_ERROR_FILE_NOT_FOUND, "CUDA_ERROR_FILE_NOT_FOUND", "file not found"},
+    {CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", "too many resources requested for launch"},
     {CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
 };
 
@@ -63,17 +69,83 @@ struct Context {
   int device;
 };
 Context g_contexts[16] = {{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, {10}, {11}, {12}, {13}, {14}, {15}};
-struct Opaque {
-  int kind;
-};
-Opaque g_module{1}, g_function{2};
+Context g_link_state{0};
 char g_cubin[16];
+
+// A loaded module's kernels, with what each asks of the card (cubin.h).
+// A module whose image is not a cubin (PTX, a fatbin, what cuLinkComplete
+// hands back) has one kernel that answers every name with the defaults.
+struct Function {
+  vgpu::KernelResources resources;
+  int max_dynamic_shared;  // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+};
+struct Module {
+  std::vector<Function> functions;
+  bool described;
+};
+
+// A block's dynamic shared memory without opting in, as on every card.
+constexpr int kDefaultDynamicShared = 48 * 1024;
+
+CUresult load_module(CUmodule* out, const void* image) {
+  std::vector<vgpu::KernelResources> kernels;
+  auto* module = new Module{{}, vgpu::read_cubin(image, &kernels)};
+  if (!module->described) kernels.assign(1, vgpu::KernelResources{});
+  for (vgpu::KernelResources& k : kernels) {
+    int dynamic = kDefaultDynamicShared - k.static_shared;
+    module->functions.push_back(Function{std::move(k), dynamic < 0 ? 0 : dynamic});
+  }
+  *out = reinterpret_cast<CUmodule>(module);
+  return CUDA_SUCCESS;
+}
+
+Function* function_of(CUfunction f) {
+  return reinterpret_cast<Function*>(f);
+}
+
+const vgpu::Preset* current_preset() {
+  const vgpu::DeviceInfo* d = vgpu::device(vgpu::current_device());
+  return d == nullptr ? nullptr : d->preset;
+}
+
+// Blocks of `threads` threads and `dynamic_shared` bytes one SM holds at
+// once: the least of what threads, blocks, registers and shared memory allow
+// (the occupancy calculator's rule; 1 KiB of shared memory per block is the
+// system's from sm_80 on).
+int blocks_per_sm(const vgpu::Preset& p, const vgpu::KernelResources& k, int threads, size_t dynamic_shared) {
+  int warps = (threads + 31) / 32;
+  int blocks = p.max_blocks_per_sm;
+  int by_threads = p.max_threads_per_sm / (warps * 32);
+  if (by_threads < blocks) blocks = by_threads;
+  if (k.registers > 0) {
+    int per_warp = (k.registers * 32 + 255) / 256 * 256;
+    int by_registers = 65536 / (per_warp * warps);
+    if (by_registers < blocks) blocks = by_registers;
+  }
+  size_t shared = static_cast<size_t>(k.static_shared) + dynamic_shared;
+  if (shared > 0) {
+    size_t per_block = shared + (p.major >= 8 ? 1024 : 0);
+    int by_shared = static_cast<int>(static_cast<size_t>(p.smem_per_sm) / per_block);
+    if (by_shared < blocks) blocks = by_shared;
+  }
+  return blocks < 0 ? 0 : blocks;
+}
 
 CUcontext context_of(int device) {
   return reinterpret_cast<CUcontext>(&g_contexts[device]);
 }
 
-CUresult launch(CUstream handle) {
+// A launch the card would refuse is refused (Triton and NVRTC callers see
+// the card's error); one it accepts is a kernel on its stream.
+CUresult launch(CUfunction f, unsigned block_x, unsigned block_y, unsigned block_z, unsigned shared,
+                CUstream handle) {
+  if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  const Function& function = *function_of(f);
+  if (static_cast<int>(shared) > function.max_dynamic_shared) return CUDA_ERROR_INVALID_VALUE;
+  uint64_t threads = static_cast<uint64_t>(block_x) * block_y * block_z;
+  if (threads == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (threads > static_cast<uint64_t>(vgpu::max_threads_per_block(function.resources)))
+    return CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES;
   vgpu::Stream* stream = vgpu::resolve_stream(handle);
   if (stream == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   vgpu::submit(stream, vgpu::Work::kKernel);
@@ -304,29 +376,44 @@ API CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribute, CU
   }
 }
 
-// ---- modules and launches (NVRTC-compiled kernels): nothing runs
+// ---- modules and launches (Triton's and NVRTC's kernels): nothing runs, but
+// what a kernel asks of the card is read from its cubin, and answered
 
-API CUresult cuModuleLoad(CUmodule* module, const char*) {
-  *module = reinterpret_cast<CUmodule>(&g_module);
+API CUresult cuModuleLoad(CUmodule* module, const char* path) {
+  std::vector<char> image;
+  if (FILE* f = std::fopen(path, "rb")) {
+    char chunk[65536];
+    for (size_t n; (n = std::fread(chunk, 1, sizeof(chunk), f)) > 0;) image.insert(image.end(), chunk, chunk + n);
+    std::fclose(f);
+  } else {
+    return CUDA_ERROR_FILE_NOT_FOUND;
+  }
+  image.push_back(0);  // a PTX file is text
+  return load_module(module, image.data());
+}
+API CUresult cuModuleLoadData(CUmodule* module, const void* image) {
+  return load_module(module, image);
+}
+API CUresult cuModuleLoadDataEx(CUmodule* module, const void* image, unsigned int, CUjit_option*, void**) {
+  return load_module(module, image);
+}
+API CUresult cuModuleUnload(CUmodule module) {
+  delete reinterpret_cast<Module*>(module);
   return CUDA_SUCCESS;
 }
-API CUresult cuModuleLoadData(CUmodule* module, const void*) {
-  *module = reinterpret_cast<CUmodule>(&g_module);
-  return CUDA_SUCCESS;
-}
-API CUresult cuModuleLoadDataEx(CUmodule* module, const void*, unsigned int, CUjit_option*, void**) {
-  *module = reinterpret_cast<CUmodule>(&g_module);
-  return CUDA_SUCCESS;
-}
-API CUresult cuModuleUnload(CUmodule) {
-  return CUDA_SUCCESS;
-}
-API CUresult cuModuleGetFunction(CUfunction* function, CUmodule, const char*) {
-  *function = reinterpret_cast<CUfunction>(&g_function);
-  return CUDA_SUCCESS;
+API CUresult cuModuleGetFunction(CUfunction* function, CUmodule handle, const char* name) {
+  auto* module = reinterpret_cast<Module*>(handle);
+  if (module == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  for (Function& f : module->functions) {
+    if (!module->described || f.resources.name == name) {
+      *function = reinterpret_cast<CUfunction>(&f);
+      return CUDA_SUCCESS;
+    }
+  }
+  return CUDA_ERROR_NOT_FOUND;
 }
 API CUresult cuLinkCreate(unsigned int, CUjit_option*, void**, CUlinkState* state) {
-  *state = reinterpret_cast<CUlinkState>(&g_module);
+  *state = reinterpret_cast<CUlinkState>(&g_link_state);
   return CUDA_SUCCESS;
 }
 API CUresult cuLinkAddData(CUlinkState, CUjitInputType, void*, size_t, const char*, unsigned int, CUjit_option*,
@@ -338,35 +425,123 @@ API CUresult cuLinkComplete(CUlinkState, void** cubin, size_t* size) {
   *size = sizeof(g_cubin);
   return CUDA_SUCCESS;
 }
-API CUresult cuFuncGetAttribute(int* value, CUfunction_attribute attribute, CUfunction) {
-  *value = attribute == CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK ? 1024 : 0;
+API CUresult cuFuncGetAttribute(int* value, CUfunction_attribute attribute, CUfunction f) {
+  if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  const Function& function = *function_of(f);
+  const vgpu::KernelResources& k = function.resources;
+  const vgpu::Preset* p = current_preset();
+  switch (attribute) {
+    case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *value = vgpu::max_threads_per_block(k); break;
+    case CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: *value = k.static_shared; break;
+    case CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES: *value = 0; break;
+    case CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES: *value = k.local_bytes; break;
+    case CU_FUNC_ATTRIBUTE_NUM_REGS: *value = k.registers; break;
+    case CU_FUNC_ATTRIBUTE_PTX_VERSION:
+    case CU_FUNC_ATTRIBUTE_BINARY_VERSION: *value = p == nullptr ? 0 : p->major * 10 + p->minor; break;
+    case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: *value = function.max_dynamic_shared; break;
+    case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH:
+    case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT:
+    case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH: *value = 0; break;
+    default: *value = 0; break;
+  }
   return CUDA_SUCCESS;
 }
-API CUresult cuFuncSetAttribute(CUfunction, CUfunction_attribute, int) {
+API CUresult cuFuncSetAttribute(CUfunction f, CUfunction_attribute attribute, int value) {
+  if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  Function& function = *function_of(f);
+  if (attribute == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) {
+    const vgpu::Preset* p = current_preset();
+    if (p == nullptr || value < 0 || value + function.resources.static_shared > p->smem_per_block_optin)
+      return CUDA_ERROR_INVALID_VALUE;
+    function.max_dynamic_shared = value;
+  }
   return CUDA_SUCCESS;
 }
 API CUresult cuFuncSetCacheConfig(CUfunction, CUfunc_cache) {
   return CUDA_SUCCESS;
 }
-API CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, CUfunction, int block_size, size_t) {
-  const vgpu::DeviceInfo* d = vgpu::device(vgpu::current_device());
-  if (d == nullptr || block_size <= 0) return CUDA_ERROR_INVALID_VALUE;
-  int n = d->preset->max_threads_per_sm / block_size;
-  *blocks = n < 1 ? 1 : (n < d->preset->max_blocks_per_sm ? n : d->preset->max_blocks_per_sm);
+API CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, CUfunction f, int block_size,
+                                                         size_t dynamic_shared) {
+  const vgpu::Preset* p = current_preset();
+  if (p == nullptr || f == nullptr || block_size <= 0) return CUDA_ERROR_INVALID_VALUE;
+  *blocks = blocks_per_sm(*p, function_of(f)->resources, block_size, dynamic_shared);
   return CUDA_SUCCESS;
 }
-API CUresult cuLaunchKernel(CUfunction, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int,
-                            unsigned int, unsigned int, CUstream stream, void**, void**) {
-  return launch(stream);
+// Clusters (sm_90 on) resident at once: the SMs' blocks grouped by cluster
+// size. A card also keeps a cluster inside one GPC, which can leave a few
+// SMs out; that is not modelled (Triton asks only whether any fit).
+API CUresult cuOccupancyMaxActiveClusters(int* clusters, CUfunction f, const CUlaunchConfig* config) {
+  const vgpu::Preset* p = current_preset();
+  if (p == nullptr || f == nullptr || config == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (p->major < 9) return CUDA_ERROR_NOT_SUPPORTED;
+  unsigned cluster = 1;
+  for (unsigned i = 0; i < config->numAttrs; ++i) {
+    const CUlaunchAttribute& a = config->attrs[i];
+    if (a.id == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION)
+      cluster = a.value.clusterDim.x * a.value.clusterDim.y * a.value.clusterDim.z;
+  }
+  if (cluster == 0) return CUDA_ERROR_INVALID_VALUE;
+  int threads = static_cast<int>(config->blockDimX * config->blockDimY * config->blockDimZ);
+  int per_sm = blocks_per_sm(*p, function_of(f)->resources, threads, config->sharedMemBytes);
+  *clusters = static_cast<int>(static_cast<unsigned>(p->sms * per_sm) / cluster);
+  return CUDA_SUCCESS;
 }
-API CUresult cuLaunchCooperativeKernel(CUfunction, unsigned int, unsigned int, unsigned int, unsigned int,
-                                       unsigned int, unsigned int, unsigned int, CUstream stream, void**) {
-  return launch(stream);
+API CUresult cuLaunchKernel(CUfunction f, unsigned int, unsigned int, unsigned int, unsigned int block_x,
+                            unsigned int block_y, unsigned int block_z, unsigned int shared, CUstream stream, void**,
+                            void**) {
+  return launch(f, block_x, block_y, block_z, shared, stream);
+}
+API CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int, unsigned int, unsigned int, unsigned int block_x,
+                                       unsigned int block_y, unsigned int block_z, unsigned int shared,
+                                       CUstream stream, void**) {
+  return launch(f, block_x, block_y, block_z, shared, stream);
+}
+API CUresult cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void**, void**) {
+  if (config == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return launch(f, config->blockDimX, config->blockDimY, config->blockDimZ, config->sharedMemBytes,
+                config->hStream);
 }
 API CUresult cuTensorMapEncodeTiled(CUtensorMap* map, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
                                     const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
                                     CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill) {
   std::memset(map, 0, sizeof(*map));
+  return CUDA_SUCCESS;
+}
+API CUresult cuTensorMapEncodeIm2col(CUtensorMap* map, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                     const cuuint64_t*, const int*, const int*, cuuint32_t, cuuint32_t,
+                                     const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                     CUtensorMapL2promotion, CUtensorMapFloatOOBfill) {
+  std::memset(map, 0, sizeof(*map));
+  return CUDA_SUCCESS;
+}
+
+// ---- the context's limits (Triton sets printf's FIFO size): kept, and
+// given back; the memory a larger stack or heap would take is not modelled
+
+namespace {
+std::mutex g_limits_lock;
+size_t g_limits[] = {
+    1024,         // CU_LIMIT_STACK_SIZE
+    1048576,      // CU_LIMIT_PRINTF_FIFO_SIZE
+    8388608,      // CU_LIMIT_MALLOC_HEAP_SIZE
+    2,            // CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH
+    2048,         // CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT
+    32,           // CU_LIMIT_MAX_L2_FETCH_GRANULARITY
+    0,            // CU_LIMIT_PERSISTING_L2_CACHE_SIZE
+};
+constexpr size_t kLimitCount = sizeof(g_limits) / sizeof(g_limits[0]);
+}  // namespace
+
+API CUresult cuCtxGetLimit(size_t* value, CUlimit limit) {
+  if (static_cast<size_t>(limit) >= kLimitCount) return CUDA_ERROR_NOT_SUPPORTED;
+  std::lock_guard<std::mutex> hold(g_limits_lock);
+  *value = g_limits[limit];
+  return CUDA_SUCCESS;
+}
+API CUresult cuCtxSetLimit(CUlimit limit, size_t value) {
+  if (static_cast<size_t>(limit) >= kLimitCount) return CUDA_ERROR_NOT_SUPPORTED;
+  std::lock_guard<std::mutex> hold(g_limits_lock);
+  g_limits[limit] = value;
   return CUDA_SUCCESS;
 }
 
@@ -445,7 +620,8 @@ const Entry kEntries[] = {
     ENTRY(cuModuleLoadDataEx), ENTRY(cuModuleUnload), ENTRY(cuModuleGetFunction), ENTRY(cuLinkCreate),
     ENTRY(cuLinkAddData), ENTRY(cuLinkComplete), ENTRY(cuFuncGetAttribute), ENTRY(cuFuncSetAttribute),
     ENTRY(cuFuncSetCacheConfig), ENTRY(cuOccupancyMaxActiveBlocksPerMultiprocessor), ENTRY(cuLaunchKernel),
-    ENTRY(cuLaunchCooperativeKernel), ENTRY(cuTensorMapEncodeTiled), ENTRY(cuMulticastCreate),
+    ENTRY(cuLaunchCooperativeKernel), ENTRY(cuLaunchKernelEx), ENTRY(cuOccupancyMaxActiveClusters),
+    ENTRY(cuTensorMapEncodeTiled), ENTRY(cuTensorMapEncodeIm2col), ENTRY(cuCtxGetLimit), ENTRY(cuCtxSetLimit), ENTRY(cuMulticastCreate),
     ENTRY(cuMulticastAddDevice), ENTRY(cuMulticastBindMem), ENTRY(cuMulticastUnbind), ENTRY(cuGreenCtxCreate),
     ENTRY(cuGreenCtxDestroy), ENTRY(cuGreenCtxStreamCreate), ENTRY(cuCtxFromGreenCtx),
     ENTRY(cuDevResourceGenerateDesc), ENTRY(cuDevSmResourceSplitByCount), ENTRY(cuDeviceGetDevResource),

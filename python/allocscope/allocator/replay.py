@@ -97,7 +97,8 @@ class Replay:
         return {k: sum(getattr(d, k) for d in self.devices.values()) for k in keys}
 
 
-def _device_info(base: dict[str, Any] | None, metadata: dict[str, Any]) -> dict[int, dict[str, Any]]:
+def _device_info(base: dict[str, Any] | None, metadata: dict[str, Any],
+                 end: dict[str, Any] | None = None) -> dict[int, dict[str, Any]]:
     info: dict[int, dict[str, Any]] = {}
     for d in metadata.get("cuda_devices") or ():
         info[int(d["index"])] = {"total": int(d.get("total_memory") or 0)}
@@ -111,6 +112,15 @@ def _device_info(base: dict[str, Any] | None, metadata: dict[str, Any]) -> dict[
             entry["reserved"] = int(stats["reserved_bytes"]["current"])
         if d.get("memory_fraction") is not None and float(d["memory_fraction"]) < 1.0:
             entry["fraction"] = float(d["memory_fraction"])
+    # A device not read at the start (no context yet: the session reads none
+    # then) had nothing reserved; what its allocator could have is what the
+    # end found free plus what was reserved by then.
+    for d in (end or {}).get("devices") or ():
+        entry = info.setdefault(int(d["index"]), {})
+        if "free" in entry or "free" not in d:
+            continue
+        reserved = int(((d.get("stats") or {}).get("reserved_bytes") or {}).get("current", 0))
+        entry.update(total=int(d["total"]), free=int(d["free"]) + reserved, reserved=0)
     return info
 
 
@@ -164,7 +174,7 @@ class _Run:
         self.faithful = self.cfg == recorded and limit is None
         self.stream_dev = np.array([s.device for s in cap.streams] or [-2], np.int64)
         self.stream_handle = [s.handle for s in cap.streams]
-        self.info = _device_info(base, cap.metadata)
+        self.info = _device_info(base, cap.metadata, cap.baseline("end"))
         self.segment_order = free_block_order(cap.metadata.get("torch"))
         self.warnings: list[str] = []
         self.seg_idx = np.flatnonzero((ev.kind >= EventKind.SEGMENT_ALLOC) & (ev.kind <= EventKind.SEGMENT_UNMAP))

@@ -225,29 +225,35 @@ class Recording:
             return collect(list(self.devices), self.stacks, self.ops)
         return collect(["cpu"], self.stacks, self.ops) | {"devices_recorded": ["cuda"], "fake_cuda": True}
 
-    def _cuda_devices(self) -> list[int]:
+    def _cuda_devices(self) -> tuple[list[int], list[int]]:
+        """The devices a CUDA baseline describes, and those of them whose
+        memory it reads."""
         if not self._check_cuda:
-            return [0]
+            return [0], [0]
         import torch
 
-        # Only devices this process already has a context on: asking another
-        # for its memory info would create a CUDA context (hundreds of MiB)
-        # there, as a process that misses torch.cuda.set_device does. CUDA
-        # initializes (and recording starts) inside set_device, before the
-        # device is set: the current device is then one not used yet.
-        reserved = [i for i in range(torch.cuda.device_count()) if torch.cuda.memory_reserved(i) > 0]
+        # Memory is read only on devices this process already has a context
+        # on: asking another would create a CUDA context (hundreds of MiB)
+        # there, as a process that misses torch.cuda.set_device does. With
+        # none yet (CUDA initializing: recording started by `allocscope run`)
+        # the current device is described without its memory, for a process
+        # that initializes CUDA and never allocates (Inductor's compile
+        # workers) must not get a context from us. The end baseline reads the
+        # devices used by then, and a replay takes what the allocator could
+        # have from there (allocator/replay.py).
+        count = torch.cuda.device_count()
+        reserved = [i for i in range(count) if torch.cuda.memory_reserved(i) > 0]
         has_context = getattr(torch._C, "_cuda_hasPrimaryContext", None)
         if has_context is None:
-            return sorted({torch.cuda.current_device(), *reserved})
-        used = sorted({*reserved, *(i for i in range(torch.cuda.device_count()) if has_context(i))})
-        # None yet: CUDA is initializing for a first call on the current
-        # device (set_device's initialization waits: recording/autostart.py).
-        return used or [torch.cuda.current_device()]
+            devices = sorted({torch.cuda.current_device(), *reserved})
+            return devices, devices
+        used = sorted({*reserved, *(i for i in range(count) if has_context(i))})
+        return used or [torch.cuda.current_device()], used
 
     def _baseline(self, label: str) -> None:
         C = native()
         if "cuda" in self.devices:
-            C.add_baseline(_with_virtual_cards(C.cuda_baseline_json(label, self._cuda_devices())))
+            C.add_baseline(_with_virtual_cards(C.cuda_baseline_json(label, *self._cuda_devices())))
         if "cpu" in self.devices:
             C.add_baseline(json.dumps({"label": label, "device_type": "cpu", "seq": C.next_seq(),
                                        "monotonic_ns": time.monotonic_ns(), "rss_bytes": _rss_bytes()}))

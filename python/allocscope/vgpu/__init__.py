@@ -56,6 +56,7 @@ ENV_SHARED = "ALLOCSCOPE_VGPU_SHARED"
 # A folder through which the virtual NCCL's small broadcasts move real bytes between the processes of a run
 ENV_EXCHANGE = "ALLOCSCOPE_VGPU_EXCHANGE"
 
+ENV_TRITON_LIBCUDA = "TRITON_LIBCUDA_PATH"
 LIB_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib")
 _CORE = "libvgpu.so"
 
@@ -217,6 +218,16 @@ def activate(gpu: str, *, memory: int | str | None = None, context: int | str | 
         os.environ.pop(name, None)
     os.environ.update(settings)
     os.environ["PYTHONPATH"] = with_bootstrap({"PYTHONPATH": os.environ.get("PYTHONPATH", "")})["PYTHONPATH"]
+    # and on sys.path: some launchers give their children this process's
+    # sys.path as PYTHONPATH (Inductor's compile workers do), and Triton in
+    # a worker without the virtual GPU finds no GPU to compile for.
+    from ..common.bootstrap import BOOTSTRAP_DIR
+
+    if BOOTSTRAP_DIR not in sys.path:
+        sys.path.insert(0, BOOTSTRAP_DIR)
+    # Triton links its launchers against libcuda.so.1, which it looks for
+    # with ldconfig unless told where: here, the stand-in driver.
+    os.environ[ENV_TRITON_LIBCUDA] = LIB_DIR
     # Loaded globally, by path: torch's libraries then find these under the
     # names they link against (the loader matches a loaded library's SONAME
     # before it searches any path), and c10 finds libcuda.so.1 and
