@@ -157,7 +157,18 @@ enum class CaptureStatus { kNone = 0, kActive = 1, kInvalidated = 2 };
 // `into`: an existing graph to capture into (nullptr: a new one).
 VGPU_API Result capture_begin(Stream* stream, int mode, Graph* into);
 VGPU_API Result capture_end(Stream* stream, Graph** out);
-VGPU_API void capture_info(const Stream* stream, CaptureStatus* status, uint64_t* id, Graph** graph);
+// The capture's dependency graph is kept as CUDA keeps it: each piece of
+// work a node that depends on the stream's current terminal nodes, which it
+// then replaces; an event recorded in a capture carries the stream's
+// terminals to the streams that wait on it. c10 reads it to decide when a
+// block freed in a capture may be reused (graph_capture_record_stream_reuse).
+// `terminals`: the stream's terminal nodes (valid until the stream's next
+// capture call), their number in `count`.
+VGPU_API void capture_info(const Stream* stream, CaptureStatus* status, uint64_t* id, Graph** graph,
+                           void* const** terminals = nullptr, size_t* count = nullptr);
+// cudaStreamUpdateCaptureDependencies: add the nodes to the stream's
+// terminals, or (set) make them its terminals.
+VGPU_API Result capture_update_dependencies(Stream* stream, void* const* nodes, size_t count, bool set);
 VGPU_API int exchange_capture_mode(int mode);  // the thread's capture mode; returns the previous one
 
 VGPU_API Graph* resolve_graph(const void* handle);
@@ -165,6 +176,10 @@ VGPU_API Result graph_create(Graph** out);
 VGPU_API Result graph_destroy(Graph* graph);
 // Node handles: `count` in, number of nodes out; fills `nodes` if not null.
 VGPU_API Result graph_nodes(Graph* graph, void** nodes, size_t* count);
+// A node added by hand (cudaGraphAddNode, cudaGraphAddEmptyNode), after `deps`.
+VGPU_API Result graph_add_node(Graph* graph, void* const* deps, size_t count, void** out);
+// A node's dependencies: `count` in, their number out; fills `deps` if not null.
+VGPU_API Result node_dependencies(const void* node, void** deps, size_t* count);
 VGPU_API Result graph_instantiate(Graph* graph, GraphExec** out);
 VGPU_API Result graph_exec_destroy(GraphExec* exec);
 VGPU_API Result graph_launch(GraphExec* exec, Stream* stream);

@@ -2,6 +2,7 @@
 // (cudart.cpp has the overview), and the user objects graphs keep alive.
 #include <atomic>
 #include <cstdio>
+#include <cstring>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -113,12 +114,16 @@ API cudaError_t cudaStreamBeginCapture(cudaStream_t handle, cudaStreamCaptureMod
   STREAM_OR_RETURN(stream, handle);
   return ret(vgpu::capture_begin(stream, static_cast<int>(mode), nullptr));
 }
-API cudaError_t cudaStreamBeginCaptureToGraph(cudaStream_t handle, cudaGraph_t graph_handle, const cudaGraphNode_t*,
-                                              const cudaGraphEdgeData*, size_t, cudaStreamCaptureMode mode) {
+API cudaError_t cudaStreamBeginCaptureToGraph(cudaStream_t handle, cudaGraph_t graph_handle,
+                                              const cudaGraphNode_t* deps, const cudaGraphEdgeData*, size_t count,
+                                              cudaStreamCaptureMode mode) {
   STREAM_OR_RETURN(stream, handle);
   vgpu::Graph* graph = vgpu::resolve_graph(graph_handle);
   if (graph == nullptr) return ret(cudaErrorInvalidValue);
-  return ret(vgpu::capture_begin(stream, static_cast<int>(mode), graph));
+  Result r = vgpu::capture_begin(stream, static_cast<int>(mode), graph);
+  if (r == Result::kOk && count > 0)
+    r = vgpu::capture_update_dependencies(stream, reinterpret_cast<void* const*>(deps), count, true);
+  return ret(r);
 }
 API cudaError_t cudaStreamEndCapture(cudaStream_t handle, cudaGraph_t* graph) {
   STREAM_OR_RETURN(stream, handle);
@@ -142,20 +147,35 @@ cudaError_t capture_info(cudaStream_t handle, cudaStreamCaptureStatus* status, u
   vgpu::CaptureStatus s;
   uint64_t capture_id = 0;
   vgpu::Graph* g = nullptr;
-  vgpu::capture_info(stream, &s, &capture_id, &g);
+  void* const* terminals = nullptr;
+  size_t count = 0;
+  vgpu::capture_info(stream, &s, &capture_id, &g, &terminals, &count);
   *status = static_cast<cudaStreamCaptureStatus>(s);
   if (id != nullptr) *id = capture_id;
   if (graph != nullptr) *graph = reinterpret_cast<cudaGraph_t>(g);
-  if (dependencies != nullptr) *dependencies = nullptr;
-  if (edge_data != nullptr) *edge_data = nullptr;
-  if (num_dependencies != nullptr) *num_dependencies = 0;
+  if (dependencies != nullptr) *dependencies = reinterpret_cast<const cudaGraphNode_t*>(terminals);
+  if (edge_data != nullptr) *edge_data = nullptr;  // every edge a plain one
+  if (num_dependencies != nullptr) *num_dependencies = count;
   return cudaSuccess;
 }
-cudaError_t add_node(cudaGraphNode_t* node, cudaGraph_t graph_handle) {
+cudaError_t add_node(cudaGraphNode_t* node, cudaGraph_t graph_handle, const cudaGraphNode_t* deps, size_t count) {
   vgpu::Graph* graph = vgpu::resolve_graph(graph_handle);
-  if (graph == nullptr) return ret(cudaErrorInvalidValue);
-  *node = reinterpret_cast<cudaGraphNode_t>(graph);  // an opaque handle; nodes are only counted
-  return cudaSuccess;
+  if (graph == nullptr || (deps == nullptr && count > 0)) return ret(cudaErrorInvalidValue);
+  void* out = nullptr;
+  Result r = vgpu::graph_add_node(graph, reinterpret_cast<void* const*>(deps), count, &out);
+  *node = reinterpret_cast<cudaGraphNode_t>(out);
+  return ret(r);
+}
+cudaError_t update_dependencies(cudaStream_t handle, cudaGraphNode_t* nodes, size_t count, unsigned int flags) {
+  STREAM_OR_RETURN(stream, handle);
+  if (flags != cudaStreamAddCaptureDependencies && flags != cudaStreamSetCaptureDependencies)
+    return ret(cudaErrorInvalidValue);
+  return ret(vgpu::capture_update_dependencies(stream, reinterpret_cast<void* const*>(nodes), count,
+                                               flags == cudaStreamSetCaptureDependencies));
+}
+cudaError_t node_dependencies(cudaGraphNode_t node, cudaGraphNode_t* deps, size_t* count) {
+  if (count == nullptr) return ret(cudaErrorInvalidValue);
+  return ret(vgpu::node_dependencies(node, reinterpret_cast<void**>(deps), count));
 }
 }  // namespace
 
@@ -167,17 +187,18 @@ API cudaError_t cudaStreamGetCaptureInfo(cudaStream_t handle, cudaStreamCaptureS
                                          const cudaGraphEdgeData** edge_data, size_t* num_dependencies) {
   return capture_info(handle, status, id, graph, dependencies, edge_data, num_dependencies);
 }
-API cudaError_t cudaStreamUpdateCaptureDependencies(cudaStream_t, cudaGraphNode_t*, const cudaGraphEdgeData*, size_t,
-                                                    unsigned int) {
-  return cudaSuccess;
+API cudaError_t cudaStreamUpdateCaptureDependencies(cudaStream_t handle, cudaGraphNode_t* nodes,
+                                                    const cudaGraphEdgeData*, size_t count, unsigned int flags) {
+  return update_dependencies(handle, nodes, count, flags);
 }
-API cudaError_t cudaGraphNodeGetDependencies(cudaGraphNode_t, cudaGraphNode_t*, cudaGraphEdgeData*, size_t* count) {
-  *count = 0;
-  return cudaSuccess;
+API cudaError_t cudaGraphNodeGetDependencies(cudaGraphNode_t node, cudaGraphNode_t* deps, cudaGraphEdgeData* edges,
+                                             size_t* count) {
+  if (edges != nullptr && deps != nullptr && count != nullptr) std::memset(edges, 0, *count * sizeof(*edges));
+  return node_dependencies(node, deps, count);
 }
-API cudaError_t cudaGraphAddNode(cudaGraphNode_t* node, cudaGraph_t graph, const cudaGraphNode_t*,
-                                 const cudaGraphEdgeData*, size_t, cudaGraphNodeParams*) {
-  return add_node(node, graph);
+API cudaError_t cudaGraphAddNode(cudaGraphNode_t* node, cudaGraph_t graph, const cudaGraphNode_t* deps,
+                                 const cudaGraphEdgeData*, size_t count, cudaGraphNodeParams*) {
+  return add_node(node, graph, deps, count);
 }
 #else
 API cudaError_t cudaStreamGetCaptureInfo(cudaStream_t handle, cudaStreamCaptureStatus* status, unsigned long long* id,
@@ -191,28 +212,29 @@ API cudaError_t cudaStreamGetCaptureInfo_v3(cudaStream_t handle, cudaStreamCaptu
                                             size_t* num_dependencies) {
   return capture_info(handle, status, id, graph, dependencies, edge_data, num_dependencies);
 }
-API cudaError_t cudaStreamUpdateCaptureDependencies(cudaStream_t, cudaGraphNode_t*, size_t, unsigned int) {
-  return cudaSuccess;
+API cudaError_t cudaStreamUpdateCaptureDependencies(cudaStream_t handle, cudaGraphNode_t* nodes, size_t count,
+                                                    unsigned int flags) {
+  return update_dependencies(handle, nodes, count, flags);
 }
-API cudaError_t cudaStreamUpdateCaptureDependencies_v2(cudaStream_t, cudaGraphNode_t*, const cudaGraphEdgeData*,
-                                                       size_t, unsigned int) {
-  return cudaSuccess;
+API cudaError_t cudaStreamUpdateCaptureDependencies_v2(cudaStream_t handle, cudaGraphNode_t* nodes,
+                                                       const cudaGraphEdgeData*, size_t count, unsigned int flags) {
+  return update_dependencies(handle, nodes, count, flags);
 }
-API cudaError_t cudaGraphNodeGetDependencies(cudaGraphNode_t, cudaGraphNode_t*, size_t* count) {
-  *count = 0;
-  return cudaSuccess;
+API cudaError_t cudaGraphNodeGetDependencies(cudaGraphNode_t node, cudaGraphNode_t* deps, size_t* count) {
+  return node_dependencies(node, deps, count);
 }
-API cudaError_t cudaGraphNodeGetDependencies_v2(cudaGraphNode_t, cudaGraphNode_t*, cudaGraphEdgeData*, size_t* count) {
-  *count = 0;
-  return cudaSuccess;
+API cudaError_t cudaGraphNodeGetDependencies_v2(cudaGraphNode_t node, cudaGraphNode_t* deps,
+                                                cudaGraphEdgeData* edges, size_t* count) {
+  if (edges != nullptr && deps != nullptr && count != nullptr) std::memset(edges, 0, *count * sizeof(*edges));
+  return node_dependencies(node, deps, count);
 }
-API cudaError_t cudaGraphAddNode(cudaGraphNode_t* node, cudaGraph_t graph, const cudaGraphNode_t*, size_t,
+API cudaError_t cudaGraphAddNode(cudaGraphNode_t* node, cudaGraph_t graph, const cudaGraphNode_t* deps, size_t count,
                                  cudaGraphNodeParams*) {
-  return add_node(node, graph);
+  return add_node(node, graph, deps, count);
 }
-API cudaError_t cudaGraphAddNode_v2(cudaGraphNode_t* node, cudaGraph_t graph, const cudaGraphNode_t*,
-                                    const cudaGraphEdgeData*, size_t, cudaGraphNodeParams*) {
-  return add_node(node, graph);
+API cudaError_t cudaGraphAddNode_v2(cudaGraphNode_t* node, cudaGraph_t graph, const cudaGraphNode_t* deps,
+                                    const cudaGraphEdgeData*, size_t count, cudaGraphNodeParams*) {
+  return add_node(node, graph, deps, count);
 }
 #endif
 API cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode* mode) {

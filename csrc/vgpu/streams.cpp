@@ -23,6 +23,7 @@ struct Stream {
   uint64_t capture_id = 0;  // 0: not capturing
   Graph* capture_graph = nullptr;
   bool capture_origin = false;
+  std::vector<void*> terminals;  // the capture's nodes the stream's next work depends on
 };
 
 struct Event {
@@ -33,11 +34,20 @@ struct Event {
   int64_t host_ns = 0;
   uint64_t capture_id = 0;
   Graph* capture_graph = nullptr;
+  std::vector<void*> terminals;  // the recording stream's, when recorded in a capture
+};
+
+struct Node {
+  std::vector<void*> deps;
 };
 
 struct Graph {
-  size_t nodes = 0;
-  std::vector<std::unique_ptr<char>> node_handles;  // made when asked for
+  std::vector<std::unique_ptr<Node>> nodes;
+
+  void* add(std::vector<void*> deps) {
+    nodes.emplace_back(new Node{std::move(deps)});
+    return nodes.back().get();
+  }
 };
 
 struct GraphExec {
@@ -176,9 +186,16 @@ Result stream_wait_event(Stream* stream, Event* event) {
         stream->capture_id = event->capture_id;
         stream->capture_graph = event->capture_graph;
         stream->capture_origin = false;
+        stream->terminals.clear();
         break;
       }
     }
+  }
+  // Within a capture the stream's next work also depends on what the event saw.
+  if (stream->capture_id != 0 && event->capture_id == stream->capture_id) {
+    for (void* n : event->terminals)
+      if (std::find(stream->terminals.begin(), stream->terminals.end(), n) == stream->terminals.end())
+        stream->terminals.push_back(n);
   }
   return Result::kOk;
 }
@@ -212,15 +229,16 @@ Result event_record(Event* event, Stream* stream) {
   Lock lock(s.mu);
   event->stream = stream;
   event->host_ns = now_ns();
-  if (stream->capture_id != 0) {  // a node of the graph; it never pends
+  if (stream->capture_id != 0) {  // part of the graph; it never pends
     event->seq = 0;
     event->capture_id = stream->capture_id;
     event->capture_graph = stream->capture_graph;
-    ++stream->capture_graph->nodes;
+    event->terminals = stream->terminals;
     return Result::kOk;
   }
   event->capture_id = 0;
   event->capture_graph = nullptr;
+  event->terminals.clear();
   event->seq = ++stream->recorded;
   event->polls_left = event_polls();
   if (event->polls_left == 0 && !Streams::blocked(event)) Streams::complete(stream, event->seq);
@@ -263,7 +281,8 @@ bool submit(Stream* stream, Work work) {
   Streams& s = state();
   Lock lock(s.mu);
   if (stream->capture_id != 0) {
-    ++stream->capture_graph->nodes;
+    void* node = stream->capture_graph->add(std::move(stream->terminals));
+    stream->terminals.assign(1, node);
     return false;
   }
   if (work == Work::kBusyKernel && !stream->busy) {
@@ -288,6 +307,7 @@ Result capture_begin(Stream* stream, int mode, Graph* into) {
   stream->capture_id = ++s.next_capture_id;
   stream->capture_graph = g;
   stream->capture_origin = true;
+  stream->terminals.clear();
   (void)mode;
   return Result::kOk;
 }
@@ -303,17 +323,32 @@ Result capture_end(Stream* stream, Graph** out) {
       other->capture_id = 0;
       other->capture_graph = nullptr;
       other->capture_origin = false;
+      other->terminals.clear();
     }
   }
   return Result::kOk;
 }
 
-void capture_info(const Stream* stream, CaptureStatus* status, uint64_t* id, Graph** graph) {
+void capture_info(const Stream* stream, CaptureStatus* status, uint64_t* id, Graph** graph, void* const** terminals,
+                  size_t* count) {
   Streams& s = state();
   Lock lock(s.mu);
   if (status != nullptr) *status = stream->capture_id != 0 ? CaptureStatus::kActive : CaptureStatus::kNone;
   if (id != nullptr) *id = stream->capture_id;
   if (graph != nullptr) *graph = stream->capture_graph;
+  if (terminals != nullptr) *terminals = stream->terminals.empty() ? nullptr : stream->terminals.data();
+  if (count != nullptr) *count = stream->terminals.size();
+}
+
+Result capture_update_dependencies(Stream* stream, void* const* nodes, size_t count, bool set) {
+  Streams& s = state();
+  Lock lock(s.mu);
+  if (stream->capture_id == 0) return Result::kIllegalState;
+  if (set) stream->terminals.clear();
+  for (size_t i = 0; i < count; ++i)
+    if (std::find(stream->terminals.begin(), stream->terminals.end(), nodes[i]) == stream->terminals.end())
+      stream->terminals.push_back(nodes[i]);
+  return Result::kOk;
 }
 
 int exchange_capture_mode(int mode) {
@@ -353,18 +388,44 @@ Result graph_nodes(Graph* graph, void** nodes, size_t* count) {
   Streams& s = state();
   Lock lock(s.mu);
   if (nodes == nullptr) {
-    *count = graph->nodes;
+    *count = graph->nodes.size();
     return Result::kOk;
   }
-  while (graph->node_handles.size() < graph->nodes) graph->node_handles.emplace_back(new char);
-  size_t n = std::min(*count, graph->nodes);
-  for (size_t i = 0; i < n; ++i) nodes[i] = graph->node_handles[i].get();
+  size_t n = std::min(*count, graph->nodes.size());
+  for (size_t i = 0; i < n; ++i) nodes[i] = graph->nodes[i].get();
   *count = n;
   return Result::kOk;
 }
 
+Result graph_add_node(Graph* graph, void* const* deps, size_t count, void** out) {
+  Streams& s = state();
+  Lock lock(s.mu);
+  *out = graph->add(std::vector<void*>(deps, deps + count));
+  return Result::kOk;
+}
+
+Result node_dependencies(const void* node, void** deps, size_t* count) {
+  Streams& s = state();
+  Lock lock(s.mu);
+  const Node* n = static_cast<const Node*>(node);
+  if (n == nullptr) return Result::kInvalidValue;
+  if (deps == nullptr) {
+    *count = n->deps.size();
+    return Result::kOk;
+  }
+  // As CUDA: up to `count` filled, the rest of them set to null, the
+  // number filled returned.
+  size_t k = std::min(*count, n->deps.size());
+  std::copy(n->deps.begin(), n->deps.begin() + static_cast<std::ptrdiff_t>(k), deps);
+  std::fill(deps + k, deps + *count, nullptr);
+  *count = k;
+  return Result::kOk;
+}
+
 Result graph_instantiate(Graph* graph, GraphExec** out) {
-  *out = new GraphExec{graph->nodes};
+  Streams& s = state();
+  Lock lock(s.mu);
+  *out = new GraphExec{graph->nodes.size()};
   return Result::kOk;
 }
 

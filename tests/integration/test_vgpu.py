@@ -288,3 +288,76 @@ def test_a_training_step_captured_in_a_cuda_graph(tmp_path):
     assert not (ev.kind[mark:] == EventKind.ALLOC).any()
     pools = {tuple(s["pool"]) for s in cap.baseline("end")["segments"]}
     assert any(p != (0, 0) for p in pools)
+
+
+@pytest.mark.parametrize("streams", [2, 4])
+def test_a_block_freed_in_a_capture_is_reused_once_its_streams_have_joined(tmp_path, streams):
+    """graph_capture_record_stream_reuse: c10 reuses, inside a capture, a
+    block used on side streams once the capture's dependency graph shows
+    every use ends before the next work (PyTorch's
+    test_graph_capture_reclaim_*_streams). The stand-in keeps the capture's
+    nodes and edges as CUDA does, so the block comes back; recorded, the
+    capture replays exactly. Not joined, it is not reused."""
+    code = f"""
+        import json, sys, torch, allocscope
+        torch.cuda.memory._set_allocator_settings("graph_capture_record_stream_reuse:True")
+        capture = torch.cuda.Stream()
+        sides = [torch.cuda.Stream() for _ in range({streams} - 1)]
+        torch.cuda.synchronize()
+        out = {{}}
+        with allocscope.record(sys.argv[1], device="cuda"):
+            for join in (True, False):
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, stream=capture):
+                    data1 = torch.empty(8 << 20, dtype=torch.uint8, device="cuda")
+                    first = data1.data_ptr()
+                    for s in sides:
+                        s.wait_stream(capture)
+                        with torch.cuda.stream(s):
+                            data1.add_(1)
+                            data1.record_stream(s)
+                    del data1
+                    if join:
+                        for s in sides:
+                            capture.wait_stream(s)
+                    torch.ones(4, device="cuda")  # work after the join
+                    data3 = torch.empty(8 << 20, dtype=torch.uint8, device="cuda")
+                    out[join] = data3.data_ptr() == first
+                    del data3
+                    if not join:
+                        for s in sides:
+                            capture.wait_stream(s)
+                del g
+        print(json.dumps(out))
+        """
+    path = tmp_path / "reclaim.alsc"
+    env = dict(os.environ)
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code), str(path)], env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.splitlines()[-1]) == {"true": True, "false": False}
+    from ..replay import assert_exact
+
+    assert_exact(allocscope.load(path))
+
+
+def test_managed_memory_is_device_memory_the_host_can_touch():
+    """cudaMallocManaged (what CUDAPluggableAllocator examples build on):
+    charged to the current device, readable and writable from the host,
+    given back by cudaFree."""
+    import ctypes
+    import glob
+
+    (path,) = glob.glob(os.path.join(vgpu.LIB_DIR, "libcudart.so.*"))
+    runtime = ctypes.CDLL(path)
+    torch.cuda.init()
+    free_before = torch.cuda.mem_get_info()[0]
+    ptr = ctypes.c_void_p()
+    assert runtime.cudaMallocManaged(ctypes.byref(ptr), ctypes.c_size_t(64 * MiB), 1) == 0  # cudaMemAttachGlobal
+    assert torch.cuda.mem_get_info()[0] == free_before - 64 * MiB
+    view = (ctypes.c_uint8 * 16).from_address(ptr.value)
+    view[:] = bytes(range(16))
+    assert bytes(view) == bytes(range(16))
+    assert runtime.cudaMallocManaged(ctypes.byref(ctypes.c_void_p()), ctypes.c_size_t(MiB), 7) != 0  # bad flags
+    assert runtime.cudaFree(ptr) == 0
+    assert torch.cuda.mem_get_info()[0] == free_before
