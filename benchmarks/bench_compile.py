@@ -3,7 +3,7 @@ default backend (inductor: real Triton kernels, compiled on the CPU and
 launched as no-ops), with aot_eager (what allocscope used in its place
 before) and eager; and how long compiling takes here. Prints JSON.
 
-    python benchmarks/bench_compile.py [--gpu H100-80GB] [--models gpt2,llama] [--out FILE]
+    python benchmarks/bench_compile.py [--gpu H100-80GB] [--models gpt2,llama] [--impl auto|hf|plain] [--out FILE]
 
 Each run is examples/real_models.py in a fresh process under
 `allocscope run --gpu GPU --no-record` (2 steps, AdamW, bf16 autocast unless
@@ -44,7 +44,7 @@ def run(gpu: str, model: str, backend: str, args: list[str]) -> dict:
     if proc.returncode != 0:
         return {"model": model, "backend": backend, "failed": proc.stderr.strip().splitlines()[-1:]}
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    return {"model": model, "backend": backend, "max_memory_reserved": out["max_memory_reserved"],
+    return {"model": model, "impl": out["impl"], "backend": backend, "max_memory_reserved": out["max_memory_reserved"],
             "max_memory_allocated": out["max_memory_allocated"], "seconds": round(out["seconds"], 2),
             "wall_s": round(wall, 2), "batch": out["batch"], "parameters": out["parameters"]}
 
@@ -53,10 +53,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gpu", default="H100-80GB")
     parser.add_argument("--models", default="gpt2,llama")
+    parser.add_argument("--impl", choices=("auto", "hf", "plain"), default="auto",
+                        help="examples/real_models.py --impl (auto: transformers' models where installed)")
     parser.add_argument("--no-amp", action="store_true")
     parser.add_argument("--out")
     args = parser.parse_args()
-    extra = [] if args.no_amp else ["--amp", "bf16"]
+    extra = ["--impl", args.impl] + ([] if args.no_amp else ["--amp", "bf16"])
     rows = []
     for model in args.models.split(","):
         for backend in BACKENDS:

@@ -40,6 +40,17 @@ def test_replay_of_a_fragmenting_workload_is_exact(tmp_path, conf):
     assert rep.peak_reserved == int(recorded_reserved(cap).max()) == max_reserved
 
 
+def test_settings_changed_while_recording_replay_exactly(tmp_path):
+    """torch.cuda.memory._set_allocator_settings mid-recording: the capture
+    holds each change where it happened, and the replay follows it (without
+    it, a segment recorded at 96 MiB replayed at 92)."""
+    cap, max_reserved = record(tmp_path, "settings")
+    changes = [b for b in cap.baselines if b["label"] == "settings"]
+    assert [b["config"]["roundup_power2_divisions"][0] for b in changes] == [4, 1]
+    rep = assert_exact(cap)
+    assert rep.peak_reserved == max_reserved
+
+
 def test_expandable_segments_prediction_within_2_percent(tmp_path):
     default, _ = record(tmp_path, "fragment")
     _, measured = record(tmp_path, "fragment", "expandable_segments:True")

@@ -86,5 +86,22 @@ def oom(path: str) -> None:
     print(torch.cuda.max_memory_reserved())
 
 
+def settings(path: str) -> None:
+    """The program changes the allocator's rounding twice while recording
+    (torch.cuda.memory._set_allocator_settings), between requests whose
+    blocks and segments the rounding decides."""
+    MiB = 1 << 20
+    with allocscope.record(path, device="cuda"):
+        held = [torch.empty(int(90.5 * MiB), dtype=torch.uint8, device="cuda") for _ in range(2)]
+        torch.cuda.memory._set_allocator_settings("roundup_power2_divisions:4")
+        held += [torch.empty(int(90.5 * MiB), dtype=torch.uint8, device="cuda") for _ in range(2)]
+        del held[:2]
+        held.append(torch.empty(int(70.5 * MiB), dtype=torch.uint8, device="cuda"))
+        torch.cuda.memory._set_allocator_settings("roundup_power2_divisions:[256:1,>:8]")
+        held += [torch.empty(n * 3 * MiB + 4096, dtype=torch.uint8, device="cuda") for n in range(1, 12)]
+        del held
+    print(torch.cuda.max_memory_reserved())
+
+
 if __name__ == "__main__":
-    {"fragment": fragment, "oom": oom}[sys.argv[1]](sys.argv[2])
+    {"fragment": fragment, "oom": oom, "settings": settings}[sys.argv[1]](sys.argv[2])

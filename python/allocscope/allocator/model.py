@@ -109,6 +109,12 @@ class DeviceAllocator(ExpandableSegments, PrivatePools):
 
     # ---- settings
 
+    def set_config(self, config: AllocatorConfig) -> None:
+        """The program changed the settings (_set_allocator_settings): they
+        apply from the next request on, as c10 reads them on each."""
+        self.config = config
+        self._divisions = config.roundup_power2_divisions
+
     def set_fraction(self, fraction: float) -> None:
         self.allowed = int(fraction * self.total)
 

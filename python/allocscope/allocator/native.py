@@ -52,6 +52,8 @@ def unsupported(cap: Capture, config: AllocatorConfig, start: list[SegmentInfo])
         return "private pools in the start baseline"
     if np.isin(cap.events.kind, np.array(_POOL_KINDS, np.uint8)).any():
         return "private pools (CUDA graphs, MemPool)"
+    if any(b.get("label") == "settings" for b in cap.baselines):
+        return "allocator settings changed while recording"
     return None
 
 

@@ -124,6 +124,18 @@ def _device_info(base: dict[str, Any] | None, metadata: dict[str, Any],
     return info
 
 
+def settings_changes(cap: Capture) -> list[tuple[int, AllocatorConfig]]:
+    """Where the program changed the allocator's settings while recording
+    (baselines labelled "settings", docs/format.md): (the index of the
+    baseline's SNAPSHOT event, the settings from there on), in order."""
+    cuda = [b for b in cap.baselines if b.get("device_type") == "cuda"]
+    if not any(b.get("label") == "settings" for b in cuda):
+        return []
+    snapshots = np.flatnonzero(cap.events.kind == EventKind.SNAPSHOT).tolist()
+    return [(snapshots[n], recorded_config(b, cap.metadata)) for n, b in enumerate(cuda)
+            if b.get("label") == "settings" and n < len(snapshots)]
+
+
 def replay(cap: Capture, config: AllocatorConfig | None = None, *, limit: int | None = None,
            states_at: Iterable[int] = (), stop_after: int | None = None, engine: str = "auto") -> Replay:
     """Replays the capture's requests. config None: the recorded settings
@@ -172,6 +184,10 @@ class _Run:
         recorded = recorded_config(base, cap.metadata)
         self.cfg = config or recorded
         self.faithful = self.cfg == recorded and limit is None
+        # Settings the program changed while recording, applied where they
+        # changed (replaying the recorded settings; a what-if keeps its own).
+        self.changes = settings_changes(cap) if config is None else []
+        self.cfg_now = self.cfg  # the settings in effect at the request being replayed
         self.stream_dev = np.array([s.device for s in cap.streams] or [-2], np.int64)
         self.stream_handle = [s.handle for s in cap.streams]
         self.info = _device_info(base, cap.metadata, cap.baseline("end"))
@@ -219,7 +235,7 @@ class _Run:
         else:
             capacity = None
         checker = self.checkers[d] = SegmentChecker(self.recorded_segments.get(d, []), self.faithful, self.synthetic)
-        dev = DeviceAllocator(self.cfg, device=d, total=self.limit if self.limit is not None else total,
+        dev = DeviceAllocator(self.cfg_now, device=d, total=self.limit if self.limit is not None else total,
                               capacity=capacity, addresses=checker.address, segment_order=self.segment_order,
                               on_segment_event=checker.check,
                               recorded_frees=checker.upcoming_frees if self.faithful else None)
@@ -290,7 +306,10 @@ class _Run:
             todo = todo[todo <= stop_after]
         cols = zip(todo.tolist(), ev.kind[todo].tolist(), ev.addr[todo].tolist(), ev.size[todo].tolist(),
                    ev.block[todo].tolist(), ev.stream[todo].tolist(), ev.arg[todo].tolist(), strict=True)
+        changes = list(self.changes)
         for i, k, addr, size, block, st, arg in cols:
+            while changes and changes[0][0] < i:
+                self._change_settings(changes.pop(0)[1])
             while t_ptr < len(targets) and targets[t_ptr] < i:
                 states[targets[t_ptr]] = self.snapshot()
                 t_ptr += 1
@@ -354,6 +373,11 @@ class _Run:
         return Replay(self.cfg, self.faithful, self.limit, devices, out["reserved"], out["allocated"],
                       out["active"], out["largest_free"], ooms, list(out["avoided_ooms"]), states, fidelity,
                       self.warnings, until, out["block_sizes"])
+
+    def _change_settings(self, cfg: AllocatorConfig) -> None:
+        self.cfg_now = cfg
+        for dev in self.devices.values():
+            dev.set_config(cfg)
 
     def _request(self, i: int, k: int, addr: int, size: int, block: int, st: int, arg: int) -> bool:
         """Replays one request; False: a free of memory the replay does not know."""

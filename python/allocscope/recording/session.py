@@ -123,6 +123,8 @@ class Recording:
                 if "cuda" in self.devices:
                     C.install_cuda()
                 self._baseline("start")
+                if "cuda" in self.devices and self._check_cuda:
+                    _watch_settings(self)
             except BaseException as e:
                 self._uninstall(C)
                 C.stop("failed to start")
@@ -213,6 +215,7 @@ class Recording:
         return next((w for w in self._watches if w.model is model), None)
 
     def _uninstall(self, C: Any) -> None:
+        _unwatch_settings()
         if "cuda" in self.devices and C.built_with_cuda():
             C.uninstall_cuda()
         if "cpu" in self.devices:
@@ -261,6 +264,45 @@ class Recording:
     def __repr__(self) -> str:
         state = "recording" if self._running else "stopped"
         return f"<allocscope.Recording {self.path!r} {'+'.join(self.devices) or '?'} {state}>"
+
+
+# The function torch's _set_allocator_settings calls (torch 2.11 and 2.14),
+# while a CUDA recording runs: (the original, the recording).
+_SETTINGS_FUNCTION = "_accelerator_setAllocatorSettings"
+_settings_watch: tuple[Any, "Recording"] | None = None
+
+
+def _watch_settings(rec: "Recording") -> None:
+    """Settings changed while recording (torch.cuda.memory._set_allocator_settings)
+    change how the allocator rounds and splits from then on, which the
+    allocator tells nobody: each change takes a baseline labelled
+    "settings" (the new config, at its place among the events), from which
+    a replay takes the settings from there on (docs/format.md)."""
+    global _settings_watch
+    import torch
+
+    original = getattr(torch._C, _SETTINGS_FUNCTION, None)
+    if original is None or _settings_watch is not None:
+        return
+
+    def set_allocator_settings(env: str) -> Any:
+        result = original(env)
+        if rec.active:
+            rec._baseline("settings")
+        return result
+
+    _settings_watch = (original, rec)
+    setattr(torch._C, _SETTINGS_FUNCTION, set_allocator_settings)
+
+
+def _unwatch_settings() -> None:
+    global _settings_watch
+    if _settings_watch is None:
+        return
+    import torch
+
+    setattr(torch._C, _SETTINGS_FUNCTION, _settings_watch[0])
+    _settings_watch = None
 
 
 def _with_virtual_cards(baseline: str) -> str:
