@@ -18,6 +18,7 @@ from ..capture.format import EventKind
 from ..capture.reader import Capture
 from ..common.native import analysis_for
 from .blocks import SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP, BumpAddresses, SegmentEvent
+from .config import AllocatorConfig, recorded_config
 from .segments import baseline_reserved, baseline_segments, pending_blocks
 
 __all__ = ["KIND_NAMES", "Fidelity", "SegmentChecker", "deferred_frees", "end_window", "recorded_fraction",
@@ -192,3 +193,44 @@ def settle_end_snapshot(rep: Any, cap: Capture, window: list[int], asked: set[in
         if at not in asked:
             rep.states.pop(at, None)
     return rep
+
+
+def device_info(base: dict[str, Any] | None, metadata: dict[str, Any],
+                end: dict[str, Any] | None = None) -> dict[int, dict[str, Any]]:
+    """Per device what a replay bounds it by: total memory, free memory and
+    what was reserved at the start, the memory fraction."""
+    info: dict[int, dict[str, Any]] = {}
+    for d in metadata.get("cuda_devices") or ():
+        info[int(d["index"])] = {"total": int(d.get("total_memory") or 0)}
+    for d in (base or {}).get("devices") or ():
+        entry = info.setdefault(int(d["index"]), {})
+        if "total" in d:
+            entry["total"] = int(d["total"])
+            entry["free"] = int(d["free"])
+        stats = d.get("stats") or {}
+        if "reserved_bytes" in stats:
+            entry["reserved"] = int(stats["reserved_bytes"]["current"])
+        if d.get("memory_fraction") is not None and float(d["memory_fraction"]) < 1.0:
+            entry["fraction"] = float(d["memory_fraction"])
+    # A device not read at the start (no context yet: the session reads none
+    # then) had nothing reserved; what its allocator could have is what the
+    # end found free plus what was reserved by then.
+    for d in (end or {}).get("devices") or ():
+        entry = info.setdefault(int(d["index"]), {})
+        if "free" in entry or "free" not in d:
+            continue
+        reserved = int(((d.get("stats") or {}).get("reserved_bytes") or {}).get("current", 0))
+        entry.update(total=int(d["total"]), free=int(d["free"]) + reserved, reserved=0)
+    return info
+
+
+def settings_changes(cap: Capture) -> list[tuple[int, AllocatorConfig]]:
+    """Where the program changed the allocator's settings while recording
+    (baselines labelled "settings", docs/format.md): (the index of the
+    baseline's SNAPSHOT event, the settings from there on), in order."""
+    cuda = [b for b in cap.baselines if b.get("device_type") == "cuda"]
+    if not any(b.get("label") == "settings" for b in cuda):
+        return []
+    snapshots = np.flatnonzero(cap.events.kind == EventKind.SNAPSHOT).tolist()
+    return [(snapshots[n], recorded_config(b, cap.metadata)) for n, b in enumerate(cuda)
+            if b.get("label") == "settings" and n < len(snapshots)]

@@ -23,8 +23,8 @@ from . import native
 from .blocks import SEGMENT_ALLOC, Block, BumpAddresses
 from .config import AllocatorConfig, recorded_config
 from .model import DeviceAllocator, free_block_order
-from .recorded import (KIND_NAMES, Fidelity, SegmentChecker, deferred_frees, end_window, recorded_fraction,
-                       recorded_reserved, settle_end_snapshot)
+from .recorded import (KIND_NAMES, Fidelity, SegmentChecker, deferred_frees, device_info, end_window,
+                       recorded_fraction, recorded_reserved, settings_changes, settle_end_snapshot)
 from .segments import SegmentInfo, baseline_segments
 from .sizes import round_size
 from .state import compare_snapshot, load_segments, segments
@@ -97,45 +97,6 @@ class Replay:
         return {k: sum(getattr(d, k) for d in self.devices.values()) for k in keys}
 
 
-def _device_info(base: dict[str, Any] | None, metadata: dict[str, Any],
-                 end: dict[str, Any] | None = None) -> dict[int, dict[str, Any]]:
-    info: dict[int, dict[str, Any]] = {}
-    for d in metadata.get("cuda_devices") or ():
-        info[int(d["index"])] = {"total": int(d.get("total_memory") or 0)}
-    for d in (base or {}).get("devices") or ():
-        entry = info.setdefault(int(d["index"]), {})
-        if "total" in d:
-            entry["total"] = int(d["total"])
-            entry["free"] = int(d["free"])
-        stats = d.get("stats") or {}
-        if "reserved_bytes" in stats:
-            entry["reserved"] = int(stats["reserved_bytes"]["current"])
-        if d.get("memory_fraction") is not None and float(d["memory_fraction"]) < 1.0:
-            entry["fraction"] = float(d["memory_fraction"])
-    # A device not read at the start (no context yet: the session reads none
-    # then) had nothing reserved; what its allocator could have is what the
-    # end found free plus what was reserved by then.
-    for d in (end or {}).get("devices") or ():
-        entry = info.setdefault(int(d["index"]), {})
-        if "free" in entry or "free" not in d:
-            continue
-        reserved = int(((d.get("stats") or {}).get("reserved_bytes") or {}).get("current", 0))
-        entry.update(total=int(d["total"]), free=int(d["free"]) + reserved, reserved=0)
-    return info
-
-
-def settings_changes(cap: Capture) -> list[tuple[int, AllocatorConfig]]:
-    """Where the program changed the allocator's settings while recording
-    (baselines labelled "settings", docs/format.md): (the index of the
-    baseline's SNAPSHOT event, the settings from there on), in order."""
-    cuda = [b for b in cap.baselines if b.get("device_type") == "cuda"]
-    if not any(b.get("label") == "settings" for b in cuda):
-        return []
-    snapshots = np.flatnonzero(cap.events.kind == EventKind.SNAPSHOT).tolist()
-    return [(snapshots[n], recorded_config(b, cap.metadata)) for n, b in enumerate(cuda)
-            if b.get("label") == "settings" and n < len(snapshots)]
-
-
 def replay(cap: Capture, config: AllocatorConfig | None = None, *, limit: int | None = None,
            states_at: Iterable[int] = (), stop_after: int | None = None, engine: str = "auto") -> Replay:
     """Replays the capture's requests. config None: the recorded settings
@@ -190,7 +151,7 @@ class _Run:
         self.cfg_now = self.cfg  # the settings in effect at the request being replayed
         self.stream_dev = np.array([s.device for s in cap.streams] or [-2], np.int64)
         self.stream_handle = [s.handle for s in cap.streams]
-        self.info = _device_info(base, cap.metadata, cap.baseline("end"))
+        self.info = device_info(base, cap.metadata, cap.baseline("end"))
         self.segment_order = free_block_order(cap.metadata.get("torch"))
         self.warnings: list[str] = []
         self.seg_idx = np.flatnonzero((ev.kind >= EventKind.SEGMENT_ALLOC) & (ev.kind <= EventKind.SEGMENT_UNMAP))

@@ -127,6 +127,17 @@ def nccl_memory(baseline: dict[str, Any]) -> tuple[int, int] | None:
     return (sum(int(c.get("nccl", 0)) for c in cards), sum(int(c.get("nccl_peak", 0)) for c in cards))
 
 
+def device_readings(cap: Any) -> dict[str, Any] | None:
+    """The first baseline of a capture that read its devices' memory: the
+    start's, or the end's where the process had no CUDA context yet when
+    recording started (docs/format.md: reading would have created one)."""
+    for label in ("start", "end"):
+        base = cap.baseline(label)
+        if base and any("total" in d for d in base.get("devices") or ()):
+            return base
+    return None
+
+
 def outside_at_peak(baseline: dict[str, Any]) -> int | None:
     """outside_allocator, with NCCL's memory at its most (communicators
     destroyed before the baseline was read held it during the run)."""

@@ -12,7 +12,7 @@ import numpy as np
 from ..allocator.config import AllocatorConfig
 from ..allocator.fragmentation import figures, fragmented_segments, stranded
 from ..allocator.replay import OomRecord, Replay, replay
-from ..allocator.segments import SegmentInfo
+from ..allocator.segments import SegmentInfo, device_readings
 from ..allocator.sizes import allocation_size
 from ..allocator.whatif import candidates
 from ..attribution.categories import CATEGORIES, Attribution
@@ -120,7 +120,7 @@ def oom_section(cap: Capture, att: Attribution | None, rep: Replay, *, top: int 
     ev = cap.events
     o = next((r for r in recorded if r.event == e), None)
     frames = cap.stack(int(ev.stack[e]))
-    base = cap.baseline("start") or {}
+    base = device_readings(cap) or {}
     total = next((int(d["total"]) for d in base.get("devices") or () if "total" in d), None)
     device_free = int(ev.arg[e])
     out: dict[str, Any] = {

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..allocator.segments import nccl_memory, outside_at_peak
+from ..allocator.segments import device_readings, nccl_memory, outside_at_peak
 from ..attribution.categories import module_label
 from ..attribution.ops import op_names
 from ..capture.format import EventKind
@@ -35,8 +35,8 @@ __all__ = ["FIT_SCHEMA", "card_lines", "card_result", "caveats", "fit_document",
 FIT_SCHEMA = "allocscope.fit/1"
 
 
-def _device(cap: Capture, label: str) -> dict[str, Any]:
-    base = cap.baseline(label) or {}
+def _device(cap: Capture) -> dict[str, Any]:
+    base = device_readings(cap) or {}
     devices = base.get("devices") or [{}]
     return devices[0] if isinstance(devices[0], dict) else {}
 
@@ -53,7 +53,7 @@ def card_result(gpu: str, status: int, cap: Capture | None, *, capture_path: str
     out["verdict"] = "out of memory" if ooms else "fits" if status == 0 else "failed"
     out["ooms"] = ooms
     r = report if report is not None else build_report(cap, top=top)
-    total = _device(cap, "start").get("total")
+    total = _device(cap).get("total")
     base = cap.baseline("end") or cap.baseline("start")  # as the waterfall reads it
     outside = outside_at_peak(base) if base else None
     peak_reserved = (r.get("peak_reserved") or {}).get("reserved_bytes")

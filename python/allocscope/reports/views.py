@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..allocator.segments import SegmentInfo, outside_allocator
+from ..allocator.segments import SegmentInfo, device_readings, outside_allocator
 from ..attribution.categories import CATEGORIES, Attribution, module_label
 from ..attribution.timeline import PERSISTENT, Timeline, bucket_peaks, iterations, live_at, relative_time, site_labels
 from ..capture.format import EventKind
@@ -58,7 +58,7 @@ def timeline_view(att: Attribution, tl: Timeline, *, points: int = 2000, modules
     out["time_ns"] = times[picks].tolist()
     if tl.reserved is not None:
         out["reserved"] = tl.reserved[picks].tolist()
-        base = att.capture.baseline("start")
+        base = device_readings(att.capture)
         outside = outside_allocator(base) if base else None
         if outside is not None:
             out["device_used"] = (tl.reserved[picks] + outside).tolist()
