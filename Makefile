@@ -21,6 +21,9 @@ PY := $(VENV)/bin/python
 SOURCES := $(wildcard csrc/*/*.cpp csrc/*/*.h csrc/vgpu/*.inc) setup.py tests/native/build.py
 COMPAT_TORCH := 2.11.0
 COMPAT_VENV := .venv-torch$(COMPAT_TORCH)
+# What make test leaves out on the compat torch, for time (`heavy` tests);
+# make test-full runs everything on both.
+COMPAT_EXCLUDE ?= and not heavy
 # The virtual GPU the `cuda` tests run on where there is no GPU.
 VGPU ?= H100-80GB
 # Two sessions: the virtual GPU makes CUDA available to the whole process,
@@ -35,7 +38,7 @@ GPU_CHECK_OUT ?= gpu-check
 # e.g. "--deadline $$(($$(date +%s) + 540))" to end inside a time limit
 GPU_CHECK_ARGS ?=
 
-.PHONY: demo test test-main test-main-cpu test-main-cuda test-main-many-gpus test-compat test-system gpu-check browser bench clean
+.PHONY: demo test test-full test-main test-main-cpu test-main-cuda test-main-many-gpus test-compat test-system gpu-check browser bench clean
 
 # CUDA first: on the GPU if there is one, else on a virtual H100 (torch's real
 # caching allocator); then a shorter CPU recording.
@@ -54,6 +57,11 @@ demo: $(VENV)/.built
 # `many_gpus` tests apart, about two minutes) in the slots that free.
 test:
 	@$(MAKE) --no-print-directory -j2 --output-sync=target test-main-cpu test-compat test-main-cuda test-main-many-gpus
+
+# Everything on both torches (the `heavy` tests on the compat torch too):
+# about two minutes more than make test.
+test-full:
+	@$(MAKE) --no-print-directory -j2 --output-sync=target COMPAT_EXCLUDE= test-main-cpu test-compat test-main-cuda test-main-many-gpus
 
 test-main: test-main-cpu test-main-cuda test-main-many-gpus
 
@@ -102,7 +110,7 @@ test-compat:
 	  find build-compat -name '*.so' -delete && rm -rf build-compat/python/allocscope/vgpu/lib && \
 	  cd build-compat && ../$(COMPAT_VENV)/bin/python -m pip install -q --no-build-isolation --no-deps -e . && \
 	  ../$(COMPAT_VENV)/bin/python tests/native/build.py && \
-	  { $(call PYTEST_SESSIONS,../$(COMPAT_VENV)/bin/python,-p no:cacheprovider,and not torch_agnostic); }; \
+	  { $(call PYTEST_SESSIONS,../$(COMPAT_VENV)/bin/python,-p no:cacheprovider,and not torch_agnostic $(COMPAT_EXCLUDE)); }; \
 	fi
 
 # With a GPU, everything runs on it (the `cuda` and `gpu_hardware` tests

@@ -85,6 +85,7 @@ def four_processes(tmp_path_factory):
     return d, torchrun(d, "ddp,fsdp2", 4, "together")
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("rank", [0, 3])
 def test_a_rank_alone_has_the_peaks_of_that_rank_of_four_processes(tmp_path, four_processes, rank):
     d, together = four_processes
@@ -97,6 +98,7 @@ def test_a_rank_alone_has_the_peaks_of_that_rank_of_four_processes(tmp_path, fou
     assert a.metadata["distributed"].get("alone") and not b.metadata["distributed"].get("alone")
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("mode, rank", [("hsdp", 3), ("fsdp1", 2)])
 def test_hsdp_and_fsdp1_alone_have_the_peaks_of_four_processes(tmp_path, mode, rank):
     # Each in a process of its own (HSDP on a 2 x 2 mesh).
