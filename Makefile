@@ -38,7 +38,7 @@ GPU_CHECK_OUT ?= gpu-check
 # e.g. "--deadline $$(($$(date +%s) + 540))" to end inside a time limit
 GPU_CHECK_ARGS ?=
 
-.PHONY: demo test test-full test-main test-main-cpu test-main-cuda test-main-many-gpus test-compat test-system gpu-check browser bench clean
+.PHONY: demo test test-full test-main test-main-cpu test-main-cpu-agnostic test-main-cuda test-main-many-gpus test-compat test-system gpu-check browser bench clean
 
 # CUDA first: on the GPU if there is one, else on a virtual H100 (torch's real
 # caching allocator); then a shorter CPU recording.
@@ -52,21 +52,28 @@ demo: $(VENV)/.built
 	$(PY) -m allocscope info demo-cpu.alsc
 
 # Two jobs at a time, one a core, each target's output printed whole when it
-# ends: the main torch's CPU-path session beside the compat torch's set-up
-# and sessions, then the main torch's cuda sessions (the multi-process
-# `many_gpus` tests apart, about two minutes) in the slots that free.
+# ends, in this order as slots free: the main torch's set-up and its
+# torch-dependent CPU tests beside the compat torch's set-up and sessions,
+# then the main torch's cuda tests, its torch_agnostic CPU tests and its
+# multi-process `many_gpus` tests (about three, three and two minutes). The
+# order packs the two slots evenly: ten minutes from a fresh clone on 2 cores
+# (benchmarks/results/make_test_*.json).
+MAIN_TARGETS := test-main-cpu test-compat test-main-cuda test-main-cpu-agnostic test-main-many-gpus
 test:
-	@$(MAKE) --no-print-directory -j2 --output-sync=target test-main-cpu test-compat test-main-cuda test-main-many-gpus
+	@$(MAKE) --no-print-directory -j2 --output-sync=target $(MAIN_TARGETS)
 
 # Everything on both torches (the `heavy` tests on the compat torch too):
 # about two minutes more than make test.
 test-full:
-	@$(MAKE) --no-print-directory -j2 --output-sync=target COMPAT_EXCLUDE= test-main-cpu test-compat test-main-cuda test-main-many-gpus
+	@$(MAKE) --no-print-directory -j2 --output-sync=target COMPAT_EXCLUDE= $(MAIN_TARGETS)
 
-test-main: test-main-cpu test-main-cuda test-main-many-gpus
+test-main: test-main-cpu test-main-cuda test-main-cpu-agnostic test-main-many-gpus
 
 test-main-cpu: browser $(VENV)/.built
-	$(call PYTEST_CPU,$(PY),-p no:cacheprovider,)
+	$(call PYTEST_CPU,$(PY),-p no:cacheprovider,and not torch_agnostic)
+
+test-main-cpu-agnostic: browser $(VENV)/.built
+	$(call PYTEST_CPU,$(PY),-p no:cacheprovider,and torch_agnostic)
 
 test-main-cuda: $(VENV)/.built
 	$(call PYTEST_CUDA,$(PY),-p no:cacheprovider,and not many_gpus)

@@ -91,7 +91,6 @@ bool read_cubin(const void* data, std::vector<KernelResources>* kernels) {
     KernelResources k;
     k.name = names + symbols[i].st_name;
     k.static_shared = section_size(image, ".nv.shared." + k.name);
-    k.const_bytes = section_size(image, ".nv.constant0." + k.name);
     if (const Elf64_Shdr* info = image.section((".nv.info." + k.name).c_str())) {
       each_attribute(image, *info, [&](uint8_t attribute, const uint8_t* p, uint16_t size) {
         if ((attribute == kAttrRequiredThreads || attribute == kAttrMaxThreads) && size >= 12) {

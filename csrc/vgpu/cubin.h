@@ -16,7 +16,6 @@ struct KernelResources {
   int registers = 0;         // per thread (EIATTR_REGCOUNT)
   int local_bytes = 0;       // per thread: the stack frame spills live in (EIATTR_FRAME_SIZE)
   int static_shared = 0;     // bytes per block (the .nv.shared.<name> section)
-  int const_bytes = 0;       // the parameter bank (.nv.constant0.<name>)
   int required_threads = 0;  // block size fixed by .reqntid (EIATTR_REQNTID), 0: none
   int max_threads = 0;       // block size bound by .maxntid (EIATTR_MAX_THREADS), 0: none
 };

@@ -115,6 +115,7 @@ def test_a_rank_alone_of_a_thousand_runs_fsdp2_with_the_smallest_shards(tmp_path
     assert small["max_memory_allocated"] < large["max_memory_allocated"]
 
 
+@pytest.mark.heavy
 def test_object_collectives_return_what_they_return_on_a_card_and_follow_the_rule_alone(tmp_path):
     out = torchrun(tmp_path, "objects", 2, "obj")
     for rank in (0, 1):
@@ -159,6 +160,7 @@ def test_a_rank_without_set_device_shows_on_card_zero_in_the_report_across_ranks
     assert '"worst_rank":0' in page and "ranks-section" in page
 
 
+@pytest.mark.heavy
 def test_fit_over_ranks_gives_each_rank_and_the_job_a_verdict(tmp_path):
     out = tmp_path / "fit-out"
     out.mkdir()

@@ -54,6 +54,7 @@ def check_claims(workload, oom):
     return again
 
 
+@pytest.mark.heavy
 def test_too_large_a_batch(tmp_path):
     cap, measured, r = postmortem(tmp_path, "batch")
     assert measured["oom"]
@@ -67,6 +68,7 @@ def test_too_large_a_batch(tmp_path):
     check_claims("batch", oom)
 
 
+@pytest.mark.heavy
 def test_fragmentation_under_a_fraction(tmp_path):
     cap, measured, r = postmortem(tmp_path, "fragments")
     assert measured["oom"]
