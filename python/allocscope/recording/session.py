@@ -243,7 +243,7 @@ class Recording:
         # that initializes CUDA and never allocates (Inductor's compile
         # workers) must not get a context from us. The end baseline reads the
         # devices used by then, and a replay takes what the allocator could
-        # have from there (allocator/replay.py).
+        # have from there (allocator/recorded.py, device_info).
         count = torch.cuda.device_count()
         reserved = [i for i in range(count) if torch.cuda.memory_reserved(i) > 0]
         has_context = getattr(torch._C, "_cuda_hasPrimaryContext", None)
