@@ -5,7 +5,8 @@
 #               included) and run the tests (.ci/run runs this): everything but the
 #               `cuda` tests, then the `cuda` tests on the virtual GPU, on torch
 #               2.14; and on torch 2.11 at the same time (the two use one core
-#               each), those whose outcome depends on torch (not `torch_agnostic`)
+#               each), those whose outcome depends on torch (not `torch_agnostic`,
+#               nor `heavy`: make test-full runs those there too)
 #
 # Set-up makes .venv with the pinned torch (a CUDA build, so the CUDA wrapper
 # and the virtual GPU compile here even without a GPU) and builds in place.
