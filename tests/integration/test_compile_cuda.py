@@ -108,7 +108,11 @@ def test_triton_kernels_are_answered_from_their_cubin_as_cuobjdump_reads_it(tmp_
     signature = {"a": "*fp16", "b": "*fp16", "c": "*fp32", "K": "i32", "BM": "constexpr", "BN": "constexpr",
                  "BK": "constexpr"}
     driver = ctypes.CDLL("libcuda.so.1")
+    driver.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
     torch.cuda.init()
+
+    def launch(function, threads, shared):
+        return driver.cuLaunchKernel(function, 1, 1, 1, threads, 1, 1, shared, None, None, None)
     for blocks in ((32, 32, 32), (128, 128, 64), (256, 128, 64)):  # small; spilling; more shared memory
         kernel = triton.compile(ASTSource(matmul, signature=signature,
                                           constexprs=dict(zip(("BM", "BN", "BK"), blocks, strict=True))),
@@ -134,6 +138,13 @@ def test_triton_kernels_are_answered_from_their_cubin_as_cuobjdump_reads_it(tmp_
         threads = attribute_of(0)
         assert kernel.metadata.num_warps * 32 <= threads <= 1024
         assert threads <= 65536 // (((usage["REG"] * 32 + 255) // 256) * 256) * 32
+        # A launch the card would refuse is refused: too many threads for the
+        # kernel's registers, more dynamic shared memory than it opted into.
+        dynamic = attribute_of(8)  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        assert dynamic == 48 * 1024 - usage["SHARED"]
+        assert launch(function, threads, dynamic) == 0
+        assert launch(function, threads + 32, 0) == 701  # CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES
+        assert launch(function, threads, dynamic + 1) == 1  # CUDA_ERROR_INVALID_VALUE
         driver.cuModuleUnload(module)
 
 

@@ -89,9 +89,11 @@ def oom(path: str) -> None:
 def settings(path: str) -> None:
     """The program changes the allocator's rounding twice while recording
     (torch.cuda.memory._set_allocator_settings), between requests whose
-    blocks and segments the rounding decides."""
+    blocks and segments the rounding decides, after taking a snapshot of
+    its own."""
     MiB = 1 << 20
     with allocscope.record(path, device="cuda"):
+        torch.cuda.memory._snapshot()  # the program's own snapshot: a SNAPSHOT event before the changes
         held = [torch.empty(int(90.5 * MiB), dtype=torch.uint8, device="cuda") for _ in range(2)]
         torch.cuda.memory._set_allocator_settings("roundup_power2_divisions:4")
         held += [torch.empty(int(90.5 * MiB), dtype=torch.uint8, device="cuda") for _ in range(2)]

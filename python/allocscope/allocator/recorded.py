@@ -227,10 +227,14 @@ def device_info(base: dict[str, Any] | None, metadata: dict[str, Any],
 def settings_changes(cap: Capture) -> list[tuple[int, AllocatorConfig]]:
     """Where the program changed the allocator's settings while recording
     (baselines labelled "settings", docs/format.md): (the index of the
-    baseline's SNAPSHOT event, the settings from there on), in order."""
-    cuda = [b for b in cap.baselines if b.get("device_type") == "cuda"]
-    if not any(b.get("label") == "settings" for b in cuda):
+    baseline's SNAPSHOT event, the first at or after its `seq`: the program's
+    own snapshots make SNAPSHOT events too; the settings from there on), in
+    order."""
+    changes = [b for b in cap.baselines if b.get("device_type") == "cuda" and b.get("label") == "settings"
+               and isinstance(b.get("seq"), int)]
+    if not changes:
         return []
-    snapshots = np.flatnonzero(cap.events.kind == EventKind.SNAPSHOT).tolist()
-    return [(snapshots[n], recorded_config(b, cap.metadata)) for n, b in enumerate(cuda)
-            if b.get("label") == "settings" and n < len(snapshots)]
+    snapshots = np.flatnonzero(cap.events.kind == EventKind.SNAPSHOT)
+    at = np.searchsorted(snapshots, [b["seq"] for b in changes])
+    return [(int(snapshots[k]) if k < len(snapshots) else b["seq"], recorded_config(b, cap.metadata))
+            for k, b in zip(at.tolist(), changes, strict=True)]
