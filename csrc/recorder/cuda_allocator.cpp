@@ -5,6 +5,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 
@@ -34,44 +35,103 @@ const Environment* g_env = &kRealEnvironment;
 // What the wrapper is doing on this thread, so that the trace tracker (called
 // synchronously by the wrapped allocator on the same thread) can tell its
 // events for the wrapper's own call from events of memory that bypassed it.
+//
+// Order across threads: the capture's order must be the wrapped allocator's
+// own, or a replay of it takes different blocks (one thread's free recorded
+// before another thread's allocation that the allocator served first). So
+// where the native caching allocator reports them, the wrapper's ALLOC and
+// FREE are pushed from its trace entries, under its lock; the wrapper pushes
+// them itself only where no trace entry came (other backends, uncached mode).
+struct PendingAlloc {
+  RawEvent ev;     // stack, op and size filled before the wrapped call
+  int64_t t0;      // when the wrapped call began
+  bool pushed;     // by the ALLOC trace entry
+};
 struct CudaThreadState {
   int in_alloc;          // inside the wrapper's allocation call
   uintptr_t in_free;     // the pointer the wrapper is freeing, or 0
+  bool free_pushed;      // the FREE of in_free was pushed by its trace entry
   bool oom_seen;
   uint64_t oom_rounded;  // from the OOM trace entry: rounded request
   uint64_t oom_free;     // and the device's free bytes
   c10::MempoolId_t pool;  // from the ALLOC trace entry: the private pool that served it, or {0, 0}
+  PendingAlloc* pending;  // the wrapper's innermost allocation call on this thread
 };
-ALLOCSCOPE_TLS CudaThreadState t_state = {0, 0, false, 0, 0, {0, 0}};
+ALLOCSCOPE_TLS CudaThreadState t_state = {0, 0, false, false, 0, 0, {0, 0}, nullptr};
 
 c10::DeleterFnPtr g_inner_deleter = nullptr;
+// Frees through the native caching allocator reach its FREE_REQUESTED trace
+// entry (tracker attached, caching on): their FREE is pushed there.
+bool g_free_traced = false;
 
 uint16_t stream_index(c10::DeviceIndex device, uint64_t handle) {
   return Recorder::get().stream_index(device, handle);
 }
 
-// Frees `ptr` through `free_fn`, recording the free first (see record_free).
+// Frees `ptr` through `free_fn`, recording the free under the allocator's
+// lock (on_trace) where it reports it, else first (see record_free). The FREE
+// names no stream: the ALLOC of ptr names it.
 template <typename Free>
-void free_through(void* ptr, Free&& free_fn) {
-  record_free(ptr, format::kNoStream);  // the ALLOC of ptr names its stream
+void free_through(void* ptr, bool traced, Free&& free_fn) {
+  if (!traced) record_free(ptr, format::kNoStream);
   CudaThreadState& tl = t_state;
-  uintptr_t saved = tl.in_free;
-  tl.in_free = reinterpret_cast<uintptr_t>(ptr);
   struct Restore {
-    uintptr_t& slot;
-    uintptr_t value;
-    ~Restore() { slot = value; }
-  } restore{tl.in_free, saved};
+    CudaThreadState& tl;
+    uintptr_t in_free;
+    bool free_pushed;
+    ~Restore() {
+      tl.in_free = in_free;
+      tl.free_pushed = free_pushed;
+    }
+  } restore{tl, tl.in_free, tl.free_pushed};
+  tl.in_free = reinterpret_cast<uintptr_t>(ptr);
+  tl.free_pushed = !traced;
   free_fn();
+  // Freed without a trace entry (a pointer the caching allocator does not
+  // own): recorded after, never lost.
+  if (!tl.free_pushed) record_free(ptr, format::kNoStream);
 }
 
 void delete_fast(void* ptr) {
-  free_through(ptr, [ptr] { g_inner_deleter(ptr); });
+  free_through(ptr, g_free_traced, [ptr] { g_inner_deleter(ptr); });
 }
 
 void delete_boxed(void* ctx) {
+  // Not the caching allocator's own deleter (uncached mode, another backend):
+  // it may not report the free.
   auto* box = static_cast<BoxedDataPtr*>(ctx);
-  free_through(box->inner.get(), [box] { delete box; });
+  free_through(box->inner.get(), false, [box] { delete box; });
+}
+
+// Before the ALLOC or OOM `ev`: the private pool that served (or failed)
+// it, if it was one.
+void push_pool_route(EmitScope& scope, const RawEvent& ev, c10::MempoolId_t pool) {
+  if (pool.first == 0 && pool.second == 0) return;
+  RawEvent routed;
+  routed.kind = format::kPoolAlloc;
+  routed.addr = ev.addr;
+  routed.stream = ev.stream;
+  routed.time_ns = ev.time_ns;
+  routed.arg = pool.first;
+  routed.block = pool.second;
+  scope.push(routed);
+}
+
+// The wrapper's ALLOC, completed from the trace entry of the block that
+// serves it. Under the allocator's lock (on_trace).
+void push_pending_alloc(CudaThreadState& tl, const TraceEntry& te) {
+  PendingAlloc* pending = tl.pending;
+  if (pending == nullptr || pending->pushed) return;
+  EmitScope scope;
+  if (!scope) return;
+  pending->pushed = true;
+  RawEvent& ev = pending->ev;
+  ev.addr = te.addr_;
+  ev.stream = stream_index(te.device_, reinterpret_cast<uintptr_t>(te.stream_));
+  ev.time_ns = now_ns();
+  ev.arg = static_cast<uint64_t>(ev.time_ns - pending->t0);
+  push_pool_route(scope, ev, te.mempool_);
+  scope.push(ev);
 }
 
 // Runs under the wrapped allocator's device lock: no Python, no allocation
@@ -87,14 +147,21 @@ void on_trace(const TraceEntry& te) {
   // and immediate completion).
   switch (te.action_) {
     case TraceEntry::ALLOC:
-      if (tl.in_alloc > 0) {  // the wrapper records it, with its stack
+      if (tl.in_alloc > 0) {  // the wrapper's call: its event, pushed here
         tl.pool = te.mempool_;
+        push_pending_alloc(tl, te);
         return;
       }
       ev.kind = format::kAlloc | format::kViaAllocator;
       break;
     case TraceEntry::FREE_REQUESTED:
-      if (tl.in_free == addr) return;  // the wrapper recorded it
+      if (tl.in_free == addr) {  // the wrapper's call
+        if (!tl.free_pushed) {
+          tl.free_pushed = true;
+          record_free(reinterpret_cast<void*>(addr), format::kNoStream);
+        }
+        return;
+      }
       ev.kind = format::kFree | format::kViaAllocator;
       break;
     case TraceEntry::FREE_COMPLETED:
@@ -167,7 +234,7 @@ class RecordingCUDAAllocator final : public cca::CUDAAllocator {
   }
 
   void raw_delete(void* ptr) override {
-    free_through(ptr, [&] { inner_->raw_delete(ptr); });
+    free_through(ptr, g_free_traced, [&] { inner_->raw_delete(ptr); });
   }
 
   c10::DeleterFnPtr raw_deleter() const override {
@@ -345,13 +412,28 @@ class RecordingCUDAAllocator final : public cca::CUDAAllocator {
     CudaThreadState& tl = t_state;
     tl.oom_seen = false;
     tl.pool = {0, 0};
+    PendingAlloc pending;
+    pending.ev.kind = format::kAlloc;
+    pending.ev.size = n;
+    pending.ev.stack = stack;
+    pending.ev.op = op.op;
+    pending.pushed = false;
+    struct Restore {
+      CudaThreadState& tl;
+      PendingAlloc* outer;
+      ~Restore() {
+        --tl.in_alloc;
+        tl.pending = outer;
+      }
+    } restore{tl, tl.pending};
+    tl.pending = &pending;
     ++tl.in_alloc;
     int64_t t0 = now_ns();
+    pending.t0 = t0;
     Result result;
     try {
       result = alloc();
     } catch (const c10::OutOfMemoryError&) {
-      --tl.in_alloc;
       c10::DeviceIndex device = g_env->current_device();
       RawEvent ev;
       ev.kind = format::kOom;
@@ -365,15 +447,14 @@ class RecordingCUDAAllocator final : public cca::CUDAAllocator {
       scope.push(ev);
       Recorder::get().request_flush();  // the process may not survive this OOM
       throw;
-    } catch (...) {
-      --tl.in_alloc;
-      throw;
     }
-    int64_t t1 = now_ns();
-    --tl.in_alloc;
     void* ptr = pointer_of(result);
     if (ptr == nullptr) return result;
     adopt_result(result);
+    if (pending.pushed) return result;
+    // No trace entry (not the native caching allocator, or uncached mode):
+    // recorded after the call, with the call's stream.
+    int64_t t1 = now_ns();
     c10::DeviceIndex device = device_of(result);
     RawEvent ev;
     ev.stream = stream_index(device, stream ? reinterpret_cast<uintptr_t>(*stream) : g_env->current_stream(device));
@@ -387,20 +468,6 @@ class RecordingCUDAAllocator final : public cca::CUDAAllocator {
     ev.arg = static_cast<uint64_t>(t1 - t0);
     scope.push(ev);
     return result;
-  }
-
-  // Before the ALLOC or OOM `ev`: the private pool that served (or failed)
-  // it, if it was one.
-  static void push_pool_route(EmitScope& scope, const RawEvent& ev, c10::MempoolId_t pool) {
-    if (pool.first == 0 && pool.second == 0) return;
-    RawEvent routed;
-    routed.kind = format::kPoolAlloc;
-    routed.addr = ev.addr;
-    routed.stream = ev.stream;
-    routed.time_ns = ev.time_ns;
-    routed.arg = pool.first;
-    routed.block = pool.second;
-    scope.push(routed);
   }
 
   void record_call(uint8_t kind, int device, uint64_t arg, uint64_t block = 0) {
@@ -460,6 +527,9 @@ void install() {
     try {
       current->attachAllocatorTraceTracker(&on_trace);
       g_tracker_attached = true;
+      // Uncached mode (c10 reads this variable once) allocates and frees
+      // without trace entries.
+      g_free_traced = std::getenv("PYTORCH_NO_CUDA_MEMORY_CACHING") == nullptr;
     } catch (const c10::Error&) {
       // Not the native caching allocator: no segment events.
     }

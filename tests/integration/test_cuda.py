@@ -71,6 +71,37 @@ def test_totals_match_torch_at_every_mark(tmp_path):
     assert set(cap.events.addr[lt.unmatched_frees].tolist()) <= set(start_blocks)
 
 
+def test_threads_racing_allocations_and_frees_replay_exactly(tmp_path):
+    # One thread's free and another's allocation, recorded in the order the
+    # allocator served them: otherwise the replay hands out the freed block
+    # where the allocator, not yet having it back, took another (or the
+    # reverse). Tensor creation releases the GIL, so the threads do overlap.
+    import threading
+
+    from ..replay import assert_exact
+
+    def churn(seed):
+        g = torch.Generator().manual_seed(seed)
+        held = []
+        for _ in range(3000):
+            n = int(torch.randint(1, 4096, (1,), generator=g)) * 512
+            held.append(torch.empty(n, dtype=torch.uint8, device="cuda"))
+            if len(held) > 8:
+                held.pop(int(torch.randint(0, len(held), (1,), generator=g)))
+
+    path = tmp_path / "threads.alsc"
+    with allocscope.record(path, device="cuda"):
+        threads = [threading.Thread(target=churn, args=(seed,)) for seed in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    cap = allocscope.load(path)
+    assert len(np.unique(cap.events.thread[cap.events.kind == EventKind.ALLOC])) == 3
+    assert_exact(cap)
+    assert len(lifetimes(cap.events).double_allocs) == 0
+
+
 def test_recording_after_init_with_live_tensors(tmp_path):
     before = torch.randn(1000, device="cuda")  # allocated before recording
     ptr = before.data_ptr()
