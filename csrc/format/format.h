@@ -66,7 +66,7 @@ inline constexpr uint32_t kChunkHeaderSize = 12;
   X(kPoolBegin, POOL_BEGIN, 12)         /* beginAllocateToPool; addr 1: createOrIncrefPool (no capture) */     \
   X(kPoolEnd, POOL_END, 13)             /* endAllocateToPool */                                                \
   X(kPoolRelease, POOL_RELEASE, 14)     /* releasePool */                                                      \
-  X(kPoolAlloc, POOL_ALLOC, 15)         /* the next ALLOC at addr (or OOM: addr 0) went to this private pool */ \
+  X(kPoolAlloc, POOL_ALLOC, 15)         /* the next ALLOC at addr (or OOM: addr 0) went to this private pool; size 1: placed there by a checkpoint restore */ \
   X(kMark, MARK, 16)                    /* arg = string id of the label, stack */                              \
   X(kModuleEnter, MODULE_ENTER, 17)     /* arg = module name; addr = kModule* flags */                         \
   X(kModuleExit, MODULE_EXIT, 18)       /* as kModuleEnter; size = bytes of a leaf's new outputs */            \

@@ -56,8 +56,9 @@ struct CudaThreadState {
   uint64_t oom_free;     // and the device's free bytes
   c10::MempoolId_t pool;  // from the ALLOC trace entry: the private pool that served it, or {0, 0}
   PendingAlloc* pending;  // the wrapper's innermost allocation call on this thread
+  bool restoring;         // inside setCheckpointPoolState
 };
-ALLOCSCOPE_TLS CudaThreadState t_state = {0, 0, false, false, 0, 0, {0, 0}, nullptr};
+ALLOCSCOPE_TLS CudaThreadState t_state = {0, 0, false, false, 0, 0, {0, 0}, nullptr, false};
 
 c10::DeleterFnPtr g_inner_deleter = nullptr;
 // Frees through the native caching allocator reach its FREE_REQUESTED trace
@@ -153,6 +154,20 @@ void on_trace(const TraceEntry& te) {
         return;
       }
       ev.kind = format::kAlloc | format::kViaAllocator;
+      if (tl.restoring && (te.mempool_.first != 0 || te.mempool_.second != 0)) {
+        // setCheckpointPoolState allocates the checkpoint's blocks where they
+        // were, not where a request would land: say so (POOL_ALLOC size 1).
+        EmitScope scope;
+        if (!scope) return;
+        RawEvent placed;
+        placed.kind = format::kPoolAlloc;
+        placed.addr = addr;
+        placed.size = 1;
+        placed.stream = stream_index(te.device_, reinterpret_cast<uintptr_t>(te.stream_));
+        placed.arg = te.mempool_.first;
+        placed.block = te.mempool_.second;
+        scope.push(placed);
+      }
       break;
     case TraceEntry::FREE_REQUESTED:
       if (tl.in_free == addr) {  // the wrapper's call
@@ -366,6 +381,13 @@ class RecordingCUDAAllocator final : public cca::CUDAAllocator {
   }
   cca::CheckpointDelta setCheckpointPoolState(c10::DeviceIndex device,
                                               std::shared_ptr<cca::AllocatorState> pps) override {
+    CudaThreadState& tl = t_state;
+    struct Restore {
+      bool& slot;
+      bool value;
+      ~Restore() { slot = value; }
+    } restore{tl.restoring, tl.restoring};
+    tl.restoring = true;
     return inner_->setCheckpointPoolState(device, std::move(pps));
   }
   std::string name() override { return inner_->name(); }

@@ -102,6 +102,62 @@ def test_threads_racing_allocations_and_frees_replay_exactly(tmp_path):
     assert len(lifetimes(cap.events).double_allocs) == 0
 
 
+def test_a_checkpointed_pool_restored_replays_exactly(tmp_path):
+    # cudagraph trees (mode="reduce-overhead") put a private pool back to a
+    # checkpoint before recording another branch: setCheckpointPoolState frees
+    # the pool's blocks and allocates the checkpoint's where they were, which
+    # is not where a request of that size would land (here: the second of two
+    # equal free segments, not the first). Done here as cudagraph_trees.py
+    # does it: replay outputs are storages without a deleter.
+    from ..replay import assert_exact
+
+    path = tmp_path / "restore.alsc"
+    with allocscope.record(path, device="cuda"):
+        pool = torch.cuda.graph_pool_handle()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        g1 = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(s):
+            g1.capture_begin(pool=pool)
+            first = torch.empty(3_000_000, device="cuda")  # 12 MB: a segment of its own
+            second = torch.empty(3_000_000, device="cuda")  # another
+            small = torch.empty(700, device="cuda")
+            del first
+            g1.capture_end()
+        torch.cuda.current_stream().wait_stream(s)
+        state = torch._C._cuda_getCheckpointState(0, pool)
+        g2 = torch.cuda.CUDAGraph()  # the path goes on, and the pool changes
+        with torch.cuda.stream(s):
+            g2.capture_begin(pool=pool)
+            later = torch.empty(5_000_000, device="cuda")
+            g2.capture_end()
+        torch.cuda.current_stream().wait_stream(s)
+        outputs = []
+        for t in (second, small):
+            st = t.untyped_storage()
+            ptr, nbytes = st.data_ptr(), st.nbytes()
+            torch._C._free_And_Remove_DeleterFn(st._cdata)
+            outputs.append(torch._C._construct_storage_from_data_pointer(ptr, t.device, nbytes))
+        del second, small
+        where = outputs[0].data_ptr()
+        torch._C._cuda_setCheckpointPoolState(0, state, [later.untyped_storage()._cdata],
+                                              [o._cdata for o in outputs])
+        del later
+        g3 = torch.cuda.CUDAGraph()  # another branch from the checkpoint
+        with torch.cuda.stream(s):
+            g3.capture_begin(pool=pool)
+            branch = torch.empty(3_000_000, device="cuda")
+            g3.capture_end()
+        torch.cuda.current_stream().wait_stream(s)
+        assert branch.data_ptr() != where
+        del outputs, branch, g1, g2, g3
+        torch.cuda.synchronize()
+    cap = allocscope.load(path)
+    placed = (cap.events.kind == EventKind.POOL_ALLOC) & (cap.events.size == 1)
+    assert np.count_nonzero(placed) >= 3  # the checkpoint's blocks: first's, second's, small's segment
+    assert_exact(cap)
+
+
 def test_recording_after_init_with_live_tensors(tmp_path):
     before = torch.randn(1000, device="cuda")  # allocated before recording
     ptr = before.data_ptr()

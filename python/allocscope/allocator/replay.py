@@ -174,6 +174,7 @@ class _Run:
         self.deferred = deferred_frees(cap)  # per event: a FREE that waits for another stream
         self.ready: list[tuple[int, int]] = []  # FREE_COMPLETED (event, address) awaiting the next request
         self.routed: dict[int, tuple[int, int]] = {}  # POOL_ALLOC: address -> the private pool of its ALLOC
+        self.placed: set[int] = set()  # POOL_ALLOC size 1: the next ALLOC there is a checkpoint restore's
         self.ooms: list[OomRecord] = []
         self.avoided: list[int] = []  # recorded OOM requests the model could serve
         self.allocs = self.address_mismatches = 0
@@ -280,6 +281,8 @@ class _Run:
                 self.ready.append((i, addr))
             elif k == _POOL_ALLOC:
                 self.routed[addr] = (arg, block)  # the next ALLOC at addr (OOM: 0)
+                if size == 1:
+                    self.placed.add(addr)
             else:
                 if self.ready:
                     self._process_events(i, k, addr, size or block if k == _OOM else size, st)
@@ -428,10 +431,16 @@ class _Run:
             return  # the start snapshot already holds it (docs/format.md, BASELINE)
         dev = self.device(d)
         dev.request = i
-        dev.force = True
+        route = self.routed.pop(addr, None)
+        b = None
+        if addr in self.placed:
+            self.placed.discard(addr)
+            b = dev.place(addr, size)
         before = dev.num_ooms
-        b = dev.malloc(size, self.stream_handle[st], self.routed.pop(addr, None))
-        dev.force = False
+        if b is None:
+            dev.force = True
+            b = dev.malloc(size, self.stream_handle[st], route)
+            dev.force = False
         assert b is not None
         if dev.num_ooms > before:
             self.ooms.append(_oom_record(dev, i, size, self.stream_handle[st], False, self.ooms))
