@@ -5,9 +5,12 @@
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <stdexcept>
+#include <unordered_set>
 
 #include "adopt.h"
 #include "clock.h"
@@ -51,6 +54,7 @@ struct CudaThreadState {
   int in_alloc;          // inside the wrapper's allocation call
   uintptr_t in_free;     // the pointer the wrapper is freeing, or 0
   bool free_pushed;      // the FREE of in_free was pushed by its trace entry
+  uintptr_t just_freed;  // the last trace entry on this thread was this block's FREE_REQUESTED
   bool oom_seen;
   uint64_t oom_rounded;  // from the OOM trace entry: rounded request
   uint64_t oom_free;     // and the device's free bytes
@@ -58,12 +62,37 @@ struct CudaThreadState {
   PendingAlloc* pending;  // the wrapper's innermost allocation call on this thread
   bool restoring;         // inside setCheckpointPoolState
 };
-ALLOCSCOPE_TLS CudaThreadState t_state = {0, 0, false, false, 0, 0, {0, 0}, nullptr, false};
+ALLOCSCOPE_TLS CudaThreadState t_state = {0, 0, false, 0, false, 0, 0, {0, 0}, nullptr, false};
 
 c10::DeleterFnPtr g_inner_deleter = nullptr;
 // Frees through the native caching allocator reach its FREE_REQUESTED trace
-// entry (tracker attached, caching on): their FREE is pushed there.
+// entry (tracker attached, caching on): their FREE is pushed there, and the
+// DataPtrs it hands out keep its own deleter. Torch compares deleters with
+// the current allocator's raw_deleter() (cudagraph trees decide by it whether
+// to free a storage: _has_Standard_Deleter); a deleter of ours would answer
+// differently for tensors made before recording, or kept after it.
 bool g_free_traced = false;
+
+// Blocks used on another stream (recordStream): their free may complete
+// later, so its completion is always recorded. Every other free completes
+// inside the free() that requested it, and the FREE says it all. Erased at
+// the block's free; the count spares the lock while none is pending.
+std::mutex g_streamed_mutex;
+std::unordered_set<uintptr_t> g_streamed;
+std::atomic<size_t> g_streamed_count{0};
+
+void note_streamed(uintptr_t addr) {
+  std::lock_guard<std::mutex> lock(g_streamed_mutex);
+  if (g_streamed.insert(addr).second) g_streamed_count.fetch_add(1, std::memory_order_relaxed);
+}
+
+bool take_streamed(uintptr_t addr) {
+  if (g_streamed_count.load(std::memory_order_relaxed) == 0) return false;
+  std::lock_guard<std::mutex> lock(g_streamed_mutex);
+  if (g_streamed.erase(addr) == 0) return false;
+  g_streamed_count.fetch_sub(1, std::memory_order_relaxed);
+  return true;
+}
 
 uint16_t stream_index(c10::DeviceIndex device, uint64_t handle) {
   return Recorder::get().stream_index(device, handle);
@@ -146,6 +175,10 @@ void on_trace(const TraceEntry& te) {
   // Decide before entering the recorder: most entries repeat what the
   // wrapper's own call records (each allocation's ALLOC, each free's request
   // and immediate completion).
+  // An immediate completion is the next entry after its FREE_REQUESTED, in
+  // the same free() call, of a block no other stream used.
+  const uintptr_t just_freed = tl.just_freed;
+  tl.just_freed = 0;
   switch (te.action_) {
     case TraceEntry::ALLOC:
       if (tl.in_alloc > 0) {  // the wrapper's call: its event, pushed here
@@ -171,20 +204,23 @@ void on_trace(const TraceEntry& te) {
       break;
     case TraceEntry::FREE_REQUESTED:
       if (tl.in_free == addr) {  // the wrapper's call
+        take_streamed(addr);
         if (!tl.free_pushed) {
           tl.free_pushed = true;
           record_free(reinterpret_cast<void*>(addr), format::kNoStream);
         }
         return;
       }
+      // A tensor's free (its DataPtr keeps c10's deleter), or memory freed
+      // past the wrapper.
       ev.kind = format::kFree | format::kViaAllocator;
+      if (!take_streamed(addr)) tl.just_freed = addr;
       break;
     case TraceEntry::FREE_COMPLETED:
-      // Completed inside the wrapper's own free: at once, the FREE says it
-      // all. Completions anywhere else were deferred (cross-stream use), and
-      // so are recorded; for frees that bypassed the wrapper, an immediate
-      // completion is recorded too (harmless: it says the block is reusable).
-      if (tl.in_free == addr) return;
+      // Completed at once, in the free that requested it: the FREE says it
+      // all. Completions in a later call were deferred (cross-stream use),
+      // and so are recorded.
+      if (tl.in_free == addr || just_freed == addr) return;
       ev.kind = format::kFreeCompleted;
       break;
     case TraceEntry::SEGMENT_ALLOC:
@@ -253,6 +289,7 @@ class RecordingCUDAAllocator final : public cca::CUDAAllocator {
   }
 
   c10::DeleterFnPtr raw_deleter() const override {
+    if (g_free_traced) return g_inner_deleter;
     return g_inner_deleter != nullptr ? &delete_fast : nullptr;
   }
 
@@ -275,6 +312,7 @@ class RecordingCUDAAllocator final : public cca::CUDAAllocator {
   // that memory used on a side stream is not reused too early.
   using cca::CUDAAllocator::recordStream;
   void recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) override {
+    if (g_free_traced && ptr.get() != nullptr) note_streamed(reinterpret_cast<uintptr_t>(ptr.get()));
     c10::DeleterFnPtr deleter = ptr.get_deleter();
     if (deleter == &delete_fast) {
       c10::DataPtr view(ptr.get(), ptr.get_context(), g_inner_deleter, ptr.device());
@@ -417,7 +455,9 @@ class RecordingCUDAAllocator final : public cca::CUDAAllocator {
   static void* pointer_of(void* p) { return p; }
   static c10::DeviceIndex device_of(const c10::DataPtr& d) { return d.device().index(); }
   static c10::DeviceIndex device_of(void*) { return g_env->current_device(); }
-  static void adopt_result(c10::DataPtr& d) { adopt(d, g_inner_deleter, &delete_fast, &delete_boxed); }
+  static void adopt_result(c10::DataPtr& d) {
+    if (!g_free_traced) adopt(d, g_inner_deleter, &delete_fast, &delete_boxed);
+  }
   static void adopt_result(void*) {}  // raw pointers are freed via raw_delete
 
   // The recorded allocation path shared by allocate, raw_alloc and

@@ -174,6 +174,27 @@ def test_recording_after_init_with_live_tensors(tmp_path):
     assert after.data_ptr() == ev.addr[alloc]
 
 
+def test_tensors_keep_the_allocators_own_deleter(tmp_path):
+    # Torch tells its allocator's memory by the deleter: cudagraph trees free
+    # a storage only where _has_Standard_Deleter says so, and
+    # _free_And_Remove_DeleterFn refuses any other. Made before, during or
+    # after a recording, a tensor answers the same as without allocscope.
+    standard = torch._C._has_Standard_Deleter
+    before = torch.empty(1000, device="cuda")
+    with allocscope.record(tmp_path / "deleters.alsc", device="cuda"):
+        during = torch.empty(1000, device="cuda")
+        assert standard(before.untyped_storage()._cdata) and standard(during.untyped_storage()._cdata)
+        ptr = during.data_ptr()
+        torch._C._free_And_Remove_DeleterFn(during.untyped_storage()._cdata)  # frees the block
+        del during
+    kept = torch.empty(1000, device="cuda")
+    assert standard(kept.untyped_storage()._cdata)
+    with allocscope.record(tmp_path / "again.alsc", device="cuda"):
+        assert standard(kept.untyped_storage()._cdata)
+    ev = allocscope.load(tmp_path / "deleters.alsc").events
+    assert np.count_nonzero((ev.kind == EventKind.FREE) & (ev.addr == ptr)) == 1
+
+
 def test_record_stream_keeps_memory_from_early_reuse(tmp_path):
     side = torch.cuda.Stream()
     n = 64 << 20
@@ -196,7 +217,7 @@ def test_record_stream_keeps_memory_from_early_reuse(tmp_path):
     cap = allocscope.load(tmp_path / "streams.alsc")
     ev = cap.events
     # x's free is the first at ptr (w may reuse the address once it completes)
-    free = np.flatnonzero((ev.kind == EventKind.FREE) & (ev.addr == ptr) & ~ev.via_allocator)[0]
+    free = np.flatnonzero((ev.kind == EventKind.FREE) & (ev.addr == ptr))[0]
     done = np.flatnonzero((ev.kind == EventKind.FREE_COMPLETED) & (ev.addr == ptr))
     assert len(done) == 1 and done[0] > free
     # x, y (made on the side stream), z, w: each allocation names its stream
