@@ -53,6 +53,7 @@ Device::Device(const Config& config, const DeviceSetup& setup, Checker* checker)
     peak_reserved_ = std::max(peak_reserved_, reserved);
     peak_allocated_ = std::max(peak_allocated_, allocated);
   }
+  baseline_orders_ = segs_.size();
 }
 
 int32_t Device::new_block(uint64_t addr, uint64_t size, int64_t stream, bool small, int32_t seg) {
@@ -118,12 +119,44 @@ int32_t Device::get_free_block(bool small, int64_t stream, uint64_t size) {
   auto& lst = found->second;
   auto it = lst.lower_bound(FreeKey{size, 0, 0, std::numeric_limits<int32_t>::min()});
   if (it == lst.end()) return -1;
+  if (has_hint && config_.segment_order && std::get<2>(*it) != hint) it = learn_order(lst, it, size);
   int32_t b = std::get<3>(*it);
   uint64_t have = blocks_[b].size;
   if (size < config_.max_split_size && have >= config_.max_split_size) return -1;
   if (size >= config_.max_split_size && have - size >= config_.max_non_split_rounding_size) return -1;
   lst.erase(it);
   return b;
+}
+
+// model.py's _learn_order: where the best fit ties with the block the
+// recording took and both segments came from the baseline, the recording
+// says which c10 ranks first.
+std::set<FreeKey>::iterator Device::learn_order(std::set<FreeKey>& lst, std::set<FreeKey>::iterator it,
+                                                uint64_t size) {
+  int32_t b = std::get<3>(*it);
+  int32_t seg_b = blocks_[b].seg;
+  if (segs_[seg_b].order > baseline_orders_) return it;
+  for (auto j = std::next(it); j != lst.end() && std::get<0>(*j) == std::get<0>(*it); ++j) {
+    if (std::get<2>(*j) != hint) continue;
+    int32_t seg_c = blocks_[std::get<3>(*j)].seg;
+    if (segs_[seg_c].order > baseline_orders_) return it;
+    swap_order(seg_b, seg_c);
+    return lst.lower_bound(FreeKey{size, 0, 0, std::numeric_limits<int32_t>::min()});
+  }
+  return it;
+}
+
+void Device::swap_order(int32_t s1, int32_t s2) {
+  std::vector<int32_t> listed;
+  for (size_t b = 0; b < blocks_.size(); ++b) {
+    const Block& blk = blocks_[b];
+    if (blk.alive && (blk.seg == s1 || blk.seg == s2) && !blk.allocated && !blk.pending) {
+      listed.push_back(static_cast<int32_t>(b));
+    }
+  }
+  for (int32_t b : listed) remove_free(b);
+  std::swap(segs_[s1].order, segs_[s2].order);
+  for (int32_t b : listed) pool(blocks_[b].small).free[blocks_[b].stream].insert(key(b));  // gc_base kept
 }
 
 int32_t Device::alloc_found_block(int32_t b, uint64_t size, uint64_t orig_size, int64_t stream, bool split) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -71,6 +72,11 @@ class Device {
 
   int64_t request = -1;  // the capture event being replayed
   bool force = false;    // an allocation that succeeded when recorded: never fail it
+  // The address the recording gave the allocation being replayed (faithful
+  // replays): it settles the guessed order of baseline segments where that
+  // order decides between free blocks of equal size (learn_order).
+  bool has_hint = false;
+  uint64_t hint = 0;
   int64_t reserved = 0, allocated = 0, active = 0;
   int64_t capacity = -1, allowed_ = -1;
   int64_t num_ooms = 0;
@@ -85,6 +91,8 @@ class Device {
   bool gc_active() const { return allowed_ >= 0 && config_.garbage_collection_threshold > 0; }
   bool should_split(int32_t b, uint64_t size) const;
   int32_t get_free_block(bool small, int64_t stream, uint64_t size);
+  std::set<FreeKey>::iterator learn_order(std::set<FreeKey>& lst, std::set<FreeKey>::iterator it, uint64_t size);
+  void swap_order(int32_t s1, int32_t s2);
   int32_t alloc_found_block(int32_t b, uint64_t size, uint64_t orig_size, int64_t stream, bool split);
   void free_block(int32_t b);
   void merge(int32_t dst, int32_t src);
@@ -106,6 +114,7 @@ class Device {
   std::vector<Block> blocks_;
   std::vector<int32_t> free_slots_;
   std::vector<Segment> segs_;
+  uint64_t baseline_orders_ = 0;  // segments numbered up to this came from the start baseline
   Pool small_, large_;
   std::vector<int32_t> pending_;
   std::vector<std::pair<uint64_t, Handle>> loaded_live_;

@@ -263,9 +263,12 @@ class Run {
     }
     dev->request = e;
     dev->force = true;
+    dev->has_hint = faithful_;
+    dev->hint = addr;
     int64_t before = dev->num_ooms;
     Handle b = dev->malloc(size, handle_of(st));
     dev->force = false;
+    dev->has_hint = false;
     if (dev->num_ooms > before) ooms_.push_back(oom_record(*dev, e, size, handle_of(st), false));
     live_[addr] = Held{stream_index_[st], b};
     block_sizes_[e] = static_cast<int64_t>(dev->block_size(b));

@@ -105,5 +105,25 @@ def settings(path: str) -> None:
     print(torch.cuda.max_memory_reserved())
 
 
+def baseline_order(path: str) -> None:
+    """Recording starts with two free blocks of equal size in two small
+    segments, the older one at the higher address (the lower address was
+    freed and reused): torch >= 2.12 takes the older segment's first, which
+    the start baseline does not say. Then a request that ties."""
+    KiB = 1 << 10
+    older_low = [torch.empty(1024 * KiB, dtype=torch.uint8, device="cuda") for _ in range(2)]  # segment A
+    older = [torch.empty(n * KiB, dtype=torch.uint8, device="cuda") for n in (896, 1024)]  # B: 128 KiB free
+    del older_low
+    torch.cuda.empty_cache()  # A goes back; the next segment takes its address
+    newer = [torch.empty(n * KiB, dtype=torch.uint8, device="cuda") for n in (896, 1024)]  # C, below B
+    with allocscope.record(path, device="cuda"):
+        tie = torch.empty(100 * KiB, dtype=torch.uint8, device="cuda")
+        more = [torch.empty(100 * KiB, dtype=torch.uint8, device="cuda") for _ in range(3)]
+        del tie, more
+    del older, newer
+    print(torch.cuda.max_memory_reserved())
+
+
 if __name__ == "__main__":
-    {"fragment": fragment, "oom": oom, "settings": settings}[sys.argv[1]](sys.argv[2])
+    {"fragment": fragment, "oom": oom, "settings": settings,
+     "baseline_order": baseline_order}[sys.argv[1]](sys.argv[2])

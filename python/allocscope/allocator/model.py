@@ -105,6 +105,12 @@ class DeviceAllocator(ExpandableSegments, PrivatePools):
         self.segment_order = segment_order
         self._size_shift = 2 * _SHIFT if segment_order else _SHIFT
         self.segments_created = 0
+        # Segments numbered up to this came from a baseline, which does not say
+        # in which order they were made; hint: the address the recording gave
+        # the allocation being replayed, which settles that order where it
+        # decides between free blocks of equal size (_learn_order).
+        self.baseline_orders = 0
+        self.hint: int | None = None
         self._on_segment_event = on_segment_event
 
     # ---- settings
@@ -270,6 +276,8 @@ class DeviceAllocator(ExpandableSegments, PrivatePools):
                 if i == len(lst):
                     return None
                 b = blocks[lst[i] & _MASK]
+        if self.hint is not None and self.segment_order and b.addr != self.hint:
+            i, b = self._learn_order(lst, i, b, size)
         cfg = self.config
         if size < cfg.max_split_size and b.size >= cfg.max_split_size:
             return None
@@ -277,6 +285,37 @@ class DeviceAllocator(ExpandableSegments, PrivatePools):
             return None
         del lst[i]
         return b
+
+    def _learn_order(self, lst: list[int], i: int, b: Block, size: int) -> tuple[int, Block]:
+        """Where the best fit ties with the block the recording took (same
+        size, later in the free list only by segment order) and both
+        segments came from the baseline, whose order was a guess: the
+        recording's choice says which segment c10 ranks first, and from here
+        on they rank so."""
+        if b.seg.order > self.baseline_orders or b.seg.expandable:
+            return i, b
+        blocks = self.blocks
+        for j in range(i + 1, len(lst)):
+            c = blocks[lst[j] & _MASK]
+            if c.size != b.size:
+                break
+            if c.addr == self.hint:
+                if c.seg.order <= self.baseline_orders and not c.seg.expandable:
+                    self._swap_order(b.seg, c.seg)
+                    i = bisect.bisect_left(lst, size << self._size_shift)
+                    return i, blocks[lst[i] & _MASK]
+                break
+        return i, b
+
+    def _swap_order(self, s1: Segment, s2: Segment) -> None:
+        listed = [blk for blk in self.blocks.values()
+                  if blk.seg is s1 or blk.seg is s2
+                  if not blk.allocated and not blk.pending and blk.mapped]
+        for blk in listed:
+            self._remove_free(blk)
+        s1.order, s2.order = s2.order, s1.order
+        for blk in listed:  # gc_base kept: only the order changed
+            bisect.insort(blk.pool.free[blk.stream], self._key(blk))
 
     # ---- allocating and freeing blocks
 

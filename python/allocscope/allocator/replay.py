@@ -439,8 +439,10 @@ class _Run:
         before = dev.num_ooms
         if b is None:
             dev.force = True
+            dev.hint = addr if self.faithful else None
             b = dev.malloc(size, self.stream_handle[st], route)
             dev.force = False
+            dev.hint = None
         assert b is not None
         if dev.num_ooms > before:
             self.ooms.append(_oom_record(dev, i, size, self.stream_handle[st], False, self.ooms))

@@ -62,6 +62,7 @@ def load_segments(dev: DeviceAllocator, segments: list[SegmentInfo]) -> dict[int
         _load_blocks(dev, s, seg, pool, live, None)
     for (pool, stream), ranges in expandable.items():
         _load_expandable(dev, stream, pool, ranges, live)
+    dev.baseline_orders = dev.segments_created  # guessed orders: a faithful replay corrects them (_learn_order)
     return live
 
 
