@@ -73,6 +73,15 @@ def test_spawned_worker_processes_write_their_own_files(tmp_path):
     assert (worker.events.size == 77 * 4).any()
 
 
+def test_a_worker_process_that_holds_no_memory_leaves_no_file(tmp_path):
+    # Inductor's compile workers import torch (and initialize CUDA) but hold
+    # no memory: one empty FILE.pidN per worker said nothing
+    result, out = run(tmp_path, "--", SCRIPT, "spawn_idle")
+    assert result.returncode == 0, result.stderr
+    assert allocscope.load(out).complete
+    assert [p for p in os.listdir(tmp_path) if p.startswith("run.pid")] == []
+
+
 def test_existing_output_needs_force(tmp_path):
     (tmp_path / "run.alsc").write_bytes(b"old")
     result, _ = run(tmp_path, "--", SCRIPT)

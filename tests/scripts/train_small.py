@@ -24,10 +24,12 @@ def main(mode: str) -> None:
         signal.pause()
     if mode == "exit3":
         sys.exit(3)
-    if mode == "spawn":
+    if mode in ("spawn", "spawn_idle"):
         import multiprocessing as mp
 
-        p = mp.get_context("spawn").Process(target=torch.ones, args=(77,))
+        # spawn_idle: a helper that imports torch and holds no memory
+        target, args = (torch.ones, (77,)) if mode == "spawn" else (torch.get_num_threads, ())
+        p = mp.get_context("spawn").Process(target=target, args=args)
         p.start()
         p.join()
     print("done", marker.numel())

@@ -50,7 +50,8 @@ TOP_LEVEL = {"allocscope", "allocscope.__main__", "allocscope._version"}
 # Mixins annotate `self` with the class they are mixed into, which imports
 # them: a cycle for the type checker only, and the one kind allowed.
 TYPE_ONLY_CYCLES = {("allocscope.allocator.expandable", "allocscope.allocator.model"),
-                    ("allocscope.allocator.private_pools", "allocscope.allocator.model")}
+                    ("allocscope.allocator.private_pools", "allocscope.allocator.model"),
+                    ("allocscope.allocator.recorded_choices", "allocscope.allocator.model")}
 
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 100

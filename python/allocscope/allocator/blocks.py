@@ -11,8 +11,8 @@ from typing import Callable
 
 from .sizes import ROUND_LARGE
 
-__all__ = ["SEGMENT_ALLOC", "SEGMENT_FREE", "SEGMENT_MAP", "SEGMENT_UNMAP", "AddressSource", "Block",
-           "BumpAddresses", "Pool", "PoolId", "PrivatePool", "Segment", "SegmentEvent", "SegmentListener"]
+__all__ = ["ADDR_MASK", "KEY_SHIFT", "SEGMENT_ALLOC", "SEGMENT_FREE", "SEGMENT_MAP", "SEGMENT_UNMAP",
+           "AddressSource", "Block", "BumpAddresses", "Pool", "PoolId", "PrivatePool", "Segment", "SegmentEvent", "SegmentListener"]
 
 # A memory pool's id as c10 spells it (MempoolId_t): (0, 0) is the shared pools.
 PoolId = tuple[int, int]
@@ -20,7 +20,16 @@ PoolId = tuple[int, int]
 SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP = "segment_alloc", "segment_free", "segment_map", "segment_unmap"
 
 
+# Free blocks of a pool and stream are kept as one sorted list of int keys:
+# size << 64 | address, the order of torch's BlockComparatorSize, or, where
+# free blocks are ordered by segment too, size << 128 | segment order << 64 |
+# address. Either way the low 64 bits are the address.
+KEY_SHIFT = 64
+ADDR_MASK = (1 << KEY_SHIFT) - 1
+
+
 @dataclasses.dataclass(frozen=True)
+
 class SegmentEvent:
     """What the allocator did to device memory (the trace's SEGMENT_* entries)."""
 

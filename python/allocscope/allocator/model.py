@@ -37,22 +37,18 @@ import copy
 import re
 from typing import Callable
 
+from .blocks import ADDR_MASK as _MASK
+from .blocks import KEY_SHIFT as _SHIFT
 from .blocks import (SEGMENT_ALLOC, SEGMENT_FREE, AddressSource, Block, BumpAddresses, Pool, PoolId, PrivatePool,
                      Segment, SegmentEvent, SegmentListener)
 from .config import AllocatorConfig
 from .expandable import ExpandableSegments
 from .hashmap import FlatHashMap, mempool_hash
 from .private_pools import PrivatePools
+from .recorded_choices import RecordedChoices
 from .sizes import MIN_BLOCK, SIZE_MAX, SMALL_SIZE, allocation_size, round_size
 
 __all__ = ["DeviceAllocator", "free_block_order"]
-
-# Free blocks of a pool and stream are kept as one sorted list of int keys:
-# size << 64 | address, the order of torch's BlockComparatorSize, or, where
-# free blocks are ordered by segment too, size << 128 | segment order << 64 |
-# address. Either way the low 64 bits are the address.
-_SHIFT = 64
-_MASK = (1 << _SHIFT) - 1
 
 
 def free_block_order(torch_version: str | None) -> bool:
@@ -64,7 +60,7 @@ def free_block_order(torch_version: str | None) -> bool:
     return bool(m) and (int(m.group(1)), int(m.group(2))) >= (2, 12)
 
 
-class DeviceAllocator(ExpandableSegments, PrivatePools):
+class DeviceAllocator(ExpandableSegments, PrivatePools, RecordedChoices):
     """One device's caching allocator. Replay drives it; its state is
     readable at any point (state.segments(), the counters)."""
 
@@ -285,37 +281,6 @@ class DeviceAllocator(ExpandableSegments, PrivatePools):
             return None
         del lst[i]
         return b
-
-    def _learn_order(self, lst: list[int], i: int, b: Block, size: int) -> tuple[int, Block]:
-        """Where the best fit ties with the block the recording took (same
-        size, later in the free list only by segment order) and both
-        segments came from the baseline, whose order was a guess: the
-        recording's choice says which segment c10 ranks first, and from here
-        on they rank so."""
-        if b.seg.order > self.baseline_orders or b.seg.expandable:
-            return i, b
-        blocks = self.blocks
-        for j in range(i + 1, len(lst)):
-            c = blocks[lst[j] & _MASK]
-            if c.size != b.size:
-                break
-            if c.addr == self.hint:
-                if c.seg.order <= self.baseline_orders and not c.seg.expandable:
-                    self._swap_order(b.seg, c.seg)
-                    i = bisect.bisect_left(lst, size << self._size_shift)
-                    return i, blocks[lst[i] & _MASK]
-                break
-        return i, b
-
-    def _swap_order(self, s1: Segment, s2: Segment) -> None:
-        listed = [blk for blk in self.blocks.values()
-                  if blk.seg is s1 or blk.seg is s2
-                  if not blk.allocated and not blk.pending and blk.mapped]
-        for blk in listed:
-            self._remove_free(blk)
-        s1.order, s2.order = s2.order, s1.order
-        for blk in listed:  # gc_base kept: only the order changed
-            bisect.insort(blk.pool.free[blk.stream], self._key(blk))
 
     # ---- allocating and freeing blocks
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .blocks import Block, PoolId, PrivatePool
+from .blocks import PoolId, PrivatePool
 
 if TYPE_CHECKING:
     from .model import DeviceAllocator
@@ -43,18 +43,6 @@ class PrivatePools:
     def end_pool(self: DeviceAllocator, pool_id: PoolId) -> None:
         if pool_id in self.captures:
             self.captures.remove(pool_id)
-
-    def place(self: DeviceAllocator, addr: int, size: int) -> Block | None:
-        """setCheckpointPoolState putting back a checkpointed block
-        (setSegmentStateToCheckpoint): the free block at addr, split where it
-        is larger than size, whatever the best fit and the split rules would
-        choose. None where no free block starts at addr (the replay has
-        diverged)."""
-        block = self.blocks.get(addr)
-        if block is None or block.allocated or block.addr != addr or block.size < size:
-            return None
-        self._remove_free(block)
-        return self._alloc_found_block(block, size, size, block.stream, block.size > size)
 
     def release_pool(self: DeviceAllocator, pool_id: PoolId) -> None:
         """A graph (or MemPool) that used the pool is gone; with its last user

@@ -431,19 +431,11 @@ class _Run:
             return  # the start snapshot already holds it (docs/format.md, BASELINE)
         dev = self.device(d)
         dev.request = i
-        route = self.routed.pop(addr, None)
-        b = None
-        if addr in self.placed:
-            self.placed.discard(addr)
-            b = dev.place(addr, size)
         before = dev.num_ooms
-        if b is None:
-            dev.force = True
-            dev.hint = addr if self.faithful else None
-            b = dev.malloc(size, self.stream_handle[st], route)
-            dev.force = False
-            dev.hint = None
-        assert b is not None
+        placed = addr in self.placed
+        self.placed.discard(addr)
+        b = dev.malloc_as_recorded(size, self.stream_handle[st], self.routed.pop(addr, None), addr, placed,
+                                   self.faithful)
         if dev.num_ooms > before:
             self.ooms.append(_oom_record(dev, i, size, self.stream_handle[st], False, self.ooms))
         self.live[addr] = (dev, b)

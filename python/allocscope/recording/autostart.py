@@ -63,10 +63,35 @@ def _start(options: dict[str, Any]) -> None:
 
     def _report() -> None:
         summary = rec.stop("exit")
+        if summary and path != os.environ[ENV_OUTPUT] and not summary.get("error") and _used_no_memory(path):
+            # A helper process (Inductor's compile workers, a launcher) that
+            # never held memory: its file would say nothing.
+            try:
+                os.remove(path)
+                return
+            except OSError:
+                pass
         if summary:
             print(f"allocscope: recorded {summary.get('events', 0):,} events into {path}", file=sys.stderr)
 
     atexit.register(_report)
+
+
+def _used_no_memory(path: str) -> bool:
+    """Whether a finished capture holds no memory at all: no allocation,
+    free, segment or OOM event, and no segment in its baselines."""
+    from ..capture.format import EventKind
+    from ..capture.reader import load
+
+    try:
+        cap = load(path)
+    except Exception:  # unreadable: keep it, the user can see why
+        return False
+    memory = (EventKind.ALLOC, EventKind.FREE, EventKind.FREE_COMPLETED, EventKind.SEGMENT_ALLOC,
+              EventKind.SEGMENT_FREE, EventKind.SEGMENT_MAP, EventKind.SEGMENT_UNMAP, EventKind.OOM)
+    if any(int(k) in memory for k in set(cap.events.kind.tolist())):
+        return False
+    return not any(b.get("segments") for b in cap.baselines)
 
 
 def _on_torch_imported(options: dict[str, Any]) -> None:
