@@ -165,6 +165,14 @@ void* ptr(CUdeviceptr p) {
 API CUresult cuInit(unsigned int) {
   return vgpu::device_count() > 0 ? CUDA_SUCCESS : CUDA_ERROR_NO_DEVICE;
 }
+// NVIDIA's private tables by UUID. NVRTC opens libcuda.so.1 (this library,
+// once loaded) and calls this without checking that it exists: absent, every
+// NVRTC compile (torch's jiterator kernels) jumped to address 0. No table is
+// offered: NVRTC then compiles as without a driver.
+API CUresult cuGetExportTable(const void** table, const CUuuid*) {
+  if (table != nullptr) *table = nullptr;
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
 API CUresult cuDriverGetVersion(int* version) {
   *version = CUDA_VERSION > 13000 ? CUDA_VERSION : 13000;
   return CUDA_SUCCESS;

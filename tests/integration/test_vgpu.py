@@ -176,6 +176,22 @@ def test_copies_and_sets_are_real_kernels_compute_nothing():
     assert cudart.cudaGetLastError() == 1 and cudart.cudaGetLastError() == 0
 
 
+def test_kernels_compiled_at_run_time_by_nvrtc_launch():
+    # torch's jiterator compiles some ops with NVRTC when first used; NVRTC
+    # opens libcuda.so.1 (the stand-in, once loaded) and calls
+    # cuGetExportTable, which the stand-in lacked: the process died at
+    # address 0 (a fresh interpreter, so that a crash fails only this test).
+    out = on_vgpu("""
+        import torch
+        x = torch.ones(1000, device="cuda")
+        y = torch.special.i1e(x)  # jitted: NVRTC, cuModuleLoadData, cuLaunchKernel
+        torch.cuda.synchronize()
+        print(y.shape[0], y.dtype)
+    """, "H100-80GB")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["1000", "torch.float32"]
+
+
 def ctypes_ptr(t):
     import ctypes
 
