@@ -180,7 +180,10 @@ class Run {
         oom(e, ev_.size[i] ? ev_.size[i] : ev_.block[i], st);
         return true;
       case format::kEmptyCache:
-        if (ev_.arg[i] == 0 && ev_.block[i] == 0) {  // a private pool's own empty_cache is not modelled
+        // A private pool's own empty_cache is not modelled; size 1: the call
+        // released nothing (docs/format.md), which with other settings (a
+        // what-if) it might have.
+        if (ev_.arg[i] == 0 && ev_.block[i] == 0 && (ev_.size[i] != 1 || !faithful_)) {
           for (auto& d : devs_) {
             d->request = e;
             d->empty_cache();

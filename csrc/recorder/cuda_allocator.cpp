@@ -61,8 +61,24 @@ struct CudaThreadState {
   c10::MempoolId_t pool;  // from the ALLOC trace entry: the private pool that served it, or {0, 0}
   PendingAlloc* pending;  // the wrapper's innermost allocation call on this thread
   bool restoring;         // inside setCheckpointPoolState
+  bool empty_pending;     // inside emptyCache, its EMPTY_CACHE not pushed yet
+  c10::MempoolId_t empty_pool;
 };
-ALLOCSCOPE_TLS CudaThreadState t_state = {0, 0, false, 0, false, 0, 0, {0, 0}, nullptr, false};
+ALLOCSCOPE_TLS CudaThreadState t_state = {0, 0, false, 0, false, 0, 0, {0, 0}, nullptr, false, false, {0, 0}};
+
+// EMPTY_CACHE, the pool it empties in arg/block (both 0: the shared pools);
+// size 1: the call released and completed nothing.
+void push_empty_cache(c10::MempoolId_t pool, bool did_nothing) {
+  EmitScope scope;
+  if (!scope) return;
+  RawEvent ev;
+  ev.kind = format::kEmptyCache;
+  ev.size = did_nothing ? 1 : 0;
+  ev.arg = pool.first;
+  ev.block = pool.second;
+  ev.stream = format::kNoStream;
+  scope.push(ev);
+}
 
 c10::DeleterFnPtr g_inner_deleter = nullptr;
 // Frees through the native caching allocator reach its FREE_REQUESTED trace
@@ -168,6 +184,13 @@ void push_pending_alloc(CudaThreadState& tl, const TraceEntry& te) {
 // through any allocator, nothing that could wait for the GIL.
 void on_trace(const TraceEntry& te) {
   CudaThreadState& tl = t_state;
+  if (tl.empty_pending) {
+    // The first entry of an emptyCache call (a completion it forced, a
+    // segment it released): the call has the lock, so EMPTY_CACHE goes here,
+    // after everything other threads did before it.
+    tl.empty_pending = false;
+    push_empty_cache(tl.empty_pool, false);
+  }
   const uint64_t addr = te.addr_;
   RawEvent ev;
   ev.addr = addr;
@@ -293,9 +316,26 @@ class RecordingCUDAAllocator final : public cca::CUDAAllocator {
     return g_inner_deleter != nullptr ? &delete_fast : nullptr;
   }
 
+  // EMPTY_CACHE is sequenced by the call's first trace entry, under the
+  // allocator's lock (on_trace). A call that released and completed nothing
+  // has none: it is pushed when it returns, saying so (the replay then does
+  // nothing either: where it stands in the capture, another thread may have
+  // freed a segment the call never saw). Sequenced before the call, a free
+  // by another thread just before the lock came after it in the capture,
+  // and the replay kept that block's segment.
   void emptyCache(c10::MempoolId_t mempool_id) override {
-    record_call(format::kEmptyCache, -1, mempool_id.first, mempool_id.second);
+    CudaThreadState& tl = t_state;
+    struct Restore {
+      CudaThreadState& tl;
+      ~Restore() { tl.empty_pending = false; }
+    } restore{tl};
+    tl.empty_pool = mempool_id;
+    tl.empty_pending = true;
     inner_->emptyCache(mempool_id);
+    if (tl.empty_pending) {
+      tl.empty_pending = false;
+      push_empty_cache(mempool_id, true);
+    }
   }
 
   void setMemoryFraction(double fraction, c10::DeviceIndex device) override {

@@ -352,7 +352,9 @@ class _Run:
         elif k == _OOM:
             self._oom(i, size or block, st)
         elif k == _EMPTY:
-            if arg == 0 and block == 0:  # a private pool's own empty_cache is not modelled
+            # a private pool's own empty_cache is not modelled; size 1: it released nothing
+            # (with other settings, a what-if, it might have)
+            if arg == 0 and block == 0 and (size != 1 or not self.faithful):
                 for dev in self.devices.values():
                     dev.request = i
                     dev.empty_cache()
