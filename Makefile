@@ -5,8 +5,8 @@
 #               included) and run the tests (.ci/run runs this): everything but the
 #               `cuda` tests, then the `cuda` tests on the virtual GPU, on torch
 #               2.14; and on torch 2.11 at the same time (the two use one core
-#               each), those whose outcome depends on torch (not `torch_agnostic`,
-#               nor `heavy`: make test-full runs those there too)
+#               each), those whose outcome depends on torch (not `torch_agnostic`);
+#               neither runs the `heavy` tests, which make test-full runs on both
 #
 # Set-up makes .venv with the pinned torch (a CUDA build, so the CUDA wrapper
 # and the virtual GPU compile here even without a GPU) and builds in place.
@@ -22,9 +22,13 @@ PY := $(VENV)/bin/python
 SOURCES := $(wildcard csrc/*/*.cpp csrc/*/*.h csrc/vgpu/*.inc) setup.py tests/native/build.py
 COMPAT_TORCH := 2.11.0
 COMPAT_VENV := .venv-torch$(COMPAT_TORCH)
-# What make test leaves out on the compat torch, for time (`heavy` tests);
-# make test-full runs everything on both.
+# What make test leaves out, for time: the `heavy` tests (several
+# multi-process jobs each: HSDP/FSDP1 and a rank alone against four
+# processes, object collectives, fit over ranks, the two largest OOM
+# post-mortems), about 90 s of the 10 minutes; make test-full runs
+# everything on both torches.
 COMPAT_EXCLUDE ?= and not heavy
+MAIN_EXCLUDE ?= and not heavy
 # The virtual GPU the `cuda` tests run on where there is no GPU.
 VGPU ?= H100-80GB
 # Two sessions: the virtual GPU makes CUDA available to the whole process,
@@ -63,10 +67,10 @@ MAIN_TARGETS := test-main-cpu test-compat test-main-cpu-agnostic test-main-cuda 
 test:
 	@$(MAKE) --no-print-directory -j2 --output-sync=target $(MAIN_TARGETS)
 
-# Everything on both torches (the `heavy` tests on the compat torch too):
-# about two minutes more than make test.
+# Everything on both torches (the `heavy` tests too): about three minutes
+# more than make test.
 test-full:
-	@$(MAKE) --no-print-directory -j2 --output-sync=target COMPAT_EXCLUDE= $(MAIN_TARGETS)
+	@$(MAKE) --no-print-directory -j2 --output-sync=target COMPAT_EXCLUDE= MAIN_EXCLUDE= $(MAIN_TARGETS)
 
 test-main: test-main-cpu test-main-cuda test-main-cpu-agnostic test-main-many-gpus
 
@@ -77,10 +81,10 @@ test-main-cpu-agnostic: browser $(VENV)/.built
 	$(call PYTEST_CPU,$(PY),-p no:cacheprovider,and torch_agnostic)
 
 test-main-cuda: $(VENV)/.built
-	$(call PYTEST_CUDA,$(PY),-p no:cacheprovider,and not many_gpus)
+	$(call PYTEST_CUDA,$(PY),-p no:cacheprovider,and not many_gpus $(MAIN_EXCLUDE))
 
 test-main-many-gpus: $(VENV)/.built
-	$(call PYTEST_CUDA,$(PY),-p no:cacheprovider,and many_gpus)
+	$(call PYTEST_CUDA,$(PY),-p no:cacheprovider,and many_gpus $(MAIN_EXCLUDE))
 
 # The HTML report's tests drive a headless Chromium from Debian's packages.
 # Without one (no root, no package mirror) those tests are skipped, loudly;
