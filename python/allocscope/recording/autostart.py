@@ -63,9 +63,11 @@ def _start(options: dict[str, Any]) -> None:
 
     def _report() -> None:
         summary = rec.stop("exit")
-        if summary and path != os.environ[ENV_OUTPUT] and not summary.get("error") and _used_no_memory(path):
+        helper = path != os.environ[ENV_OUTPUT] and os.path.splitext(path)[0].endswith(f".pid{os.getpid()}")
+        if summary and helper and not summary.get("error") and _used_no_memory(path):
             # A helper process (Inductor's compile workers, a launcher) that
-            # never held memory: its file would say nothing.
+            # never held memory: its file would say nothing. (A rank's file
+            # stays: the report across ranks counts them.)
             try:
                 os.remove(path)
                 return
