@@ -12,7 +12,8 @@ from typing import Callable
 from .sizes import ROUND_LARGE
 
 __all__ = ["ADDR_MASK", "KEY_SHIFT", "SEGMENT_ALLOC", "SEGMENT_FREE", "SEGMENT_MAP", "SEGMENT_UNMAP",
-           "AddressSource", "Block", "BumpAddresses", "Pool", "PoolId", "PrivatePool", "Segment", "SegmentEvent", "SegmentListener"]
+           "AddressSource", "Block", "BumpAddresses", "Pool", "PoolId", "PrivatePool", "Segment", "SegmentEvent",
+           "SegmentListener"]
 
 # A memory pool's id as c10 spells it (MempoolId_t): (0, 0) is the shared pools.
 PoolId = tuple[int, int]
