@@ -4,6 +4,7 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
+#include <c10/util/ScopeExit.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -121,15 +122,10 @@ template <typename Free>
 void free_through(void* ptr, bool traced, Free&& free_fn) {
   if (!traced) record_free(ptr, format::kNoStream);
   CudaThreadState& tl = t_state;
-  struct Restore {
-    CudaThreadState& tl;
-    uintptr_t in_free;
-    bool free_pushed;
-    ~Restore() {
-      tl.in_free = in_free;
-      tl.free_pushed = free_pushed;
-    }
-  } restore{tl, tl.in_free, tl.free_pushed};
+  auto restore = c10::make_scope_exit([&tl, in_free = tl.in_free, free_pushed = tl.free_pushed] {
+    tl.in_free = in_free;
+    tl.free_pushed = free_pushed;
+  });
   tl.in_free = reinterpret_cast<uintptr_t>(ptr);
   tl.free_pushed = !traced;
   free_fn();
@@ -325,10 +321,7 @@ class RecordingCUDAAllocator final : public cca::CUDAAllocator {
   // and the replay kept that block's segment.
   void emptyCache(c10::MempoolId_t mempool_id) override {
     CudaThreadState& tl = t_state;
-    struct Restore {
-      CudaThreadState& tl;
-      ~Restore() { tl.empty_pending = false; }
-    } restore{tl};
+    auto restore = c10::make_scope_exit([&tl] { tl.empty_pending = false; });
     tl.empty_pool = mempool_id;
     tl.empty_pending = true;
     inner_->emptyCache(mempool_id);
@@ -460,11 +453,7 @@ class RecordingCUDAAllocator final : public cca::CUDAAllocator {
   cca::CheckpointDelta setCheckpointPoolState(c10::DeviceIndex device,
                                               std::shared_ptr<cca::AllocatorState> pps) override {
     CudaThreadState& tl = t_state;
-    struct Restore {
-      bool& slot;
-      bool value;
-      ~Restore() { slot = value; }
-    } restore{tl.restoring, tl.restoring};
+    auto restore = c10::make_scope_exit([&tl, outer = tl.restoring] { tl.restoring = outer; });
     tl.restoring = true;
     return inner_->setCheckpointPoolState(device, std::move(pps));
   }
@@ -520,14 +509,10 @@ class RecordingCUDAAllocator final : public cca::CUDAAllocator {
     pending.ev.stack = stack;
     pending.ev.op = op.op;
     pending.pushed = false;
-    struct Restore {
-      CudaThreadState& tl;
-      PendingAlloc* outer;
-      ~Restore() {
-        --tl.in_alloc;
-        tl.pending = outer;
-      }
-    } restore{tl, tl.pending};
+    auto restore = c10::make_scope_exit([&tl, outer = tl.pending] {
+      --tl.in_alloc;
+      tl.pending = outer;
+    });
     tl.pending = &pending;
     ++tl.in_alloc;
     int64_t t0 = now_ns();

@@ -30,7 +30,6 @@ ADDR_MASK = (1 << KEY_SHIFT) - 1
 
 
 @dataclasses.dataclass(frozen=True)
-
 class SegmentEvent:
     """What the allocator did to device memory (the trace's SEGMENT_* entries)."""
 

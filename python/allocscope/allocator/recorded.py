@@ -235,6 +235,8 @@ def settings_changes(cap: Capture) -> list[tuple[int, AllocatorConfig]]:
     if not changes:
         return []
     snapshots = np.flatnonzero(cap.events.kind == EventKind.SNAPSHOT)
-    at = np.searchsorted(snapshots, [b["seq"] for b in changes])
-    return [(int(snapshots[k]) if k < len(snapshots) else b["seq"], recorded_config(b, cap.metadata))
+    # seq numbers the recorder's events (a second recording in a process
+    # does not start at 0); past the last SNAPSHOT: in force after every event
+    at = np.searchsorted(cap.events.seq[snapshots], [b["seq"] for b in changes])
+    return [(int(snapshots[k]) if k < len(snapshots) else len(cap.events), recorded_config(b, cap.metadata))
             for k, b in zip(at.tolist(), changes, strict=True)]
