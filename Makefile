@@ -118,7 +118,7 @@ test-compat:
 	       [ "$$CI" != true ]; exit; }; \
 	fi
 	@if [ -f $(COMPAT_VENV)/.deps ]; then \
-	  rm -rf build-compat && mkdir -p build-compat && cp -r setup.py pyproject.toml csrc python tests examples docs build-compat/ && \
+	  rm -rf build-compat && mkdir -p build-compat && cp -r setup.py pyproject.toml csrc python tests examples benchmarks docs build-compat/ && \
 	  find build-compat -name '*.so' -delete && rm -rf build-compat/python/allocscope/vgpu/lib && \
 	  cd build-compat && ../$(COMPAT_VENV)/bin/python -m pip install -q --no-build-isolation --no-deps -e . && \
 	  ../$(COMPAT_VENV)/bin/python tests/native/build.py && \

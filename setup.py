@@ -99,6 +99,8 @@ def _vgpu_libraries(major: int) -> list[tuple[str, list[str], list[str], str | N
         (f"libcublas.so.{major}", ["cublas.cpp", "cublas_inert.cpp"], ["libvgpu.so"], f"libcublas.so.{major}"),
         # Unversioned, as the real libnccl.so.2 is.
         ("libnccl.so.2", ["nccl.cpp", "nccl_exchange.cpp"], ["libvgpu.so"], None),
+        ("libcudnn.so.9", ["cudnn_backend.cpp", "cudnn_legacy.cpp", "cudnn_rnn.cpp", "cudnn_tables.cpp"],
+         ["libvgpu.so"], "libcudnn.so.9"),
     ]
 
 
@@ -109,6 +111,20 @@ def _nccl_include_dir() -> str | None:
         d = os.path.join(site, "nvidia", "nccl", "include")
         if os.path.isfile(os.path.join(d, "nccl.h")):
             return d
+    return None
+
+
+def _cudnn_include_dir() -> str | None:
+    """The folder of the cudnn.h torch was built against (the nvidia-cudnn
+    wheel torch depends on), where its major version is 9 as the stand-in's."""
+    for site in sys.path:
+        d = os.path.join(site, "nvidia", "cudnn", "include")
+        version = os.path.join(d, "cudnn_version.h")
+        if os.path.isfile(version):
+            with open(version) as f:
+                m = re.search(r"#define CUDNN_MAJOR\s+(\d+)", f.read())
+            if m and m.group(1) == "9":
+                return d
     return None
 
 
@@ -130,6 +146,7 @@ def build_vgpu(out_dir: str, work_dir: str) -> bool:
     os.makedirs(work_dir, exist_ok=True)
     opt = os.environ.get("ALLOCSCOPE_OPT", "-O2")
     nccl = _nccl_include_dir()
+    cudnn = _cudnn_include_dir()
     for name, sources, links, version_node in _vgpu_libraries(major):
         extra = []
         if name.startswith("libnccl"):
@@ -137,6 +154,11 @@ def build_vgpu(out_dir: str, work_dir: str) -> bool:
                 print("allocscope: nccl.h not found: the virtual GPU has no NCCL", file=sys.stderr)
                 continue
             extra = [nccl]
+        if name.startswith("libcudnn"):
+            if cudnn is None:
+                print("allocscope: cuDNN 9's headers not found: the virtual GPU runs without cuDNN", file=sys.stderr)
+                continue
+            extra = [cudnn]
         cmd = [cxx, "-std=c++17", opt, "-fPIC", "-shared", "-fvisibility=hidden", "-Wall", "-Wextra",
                "-Wno-unused-parameter", "-Wno-deprecated-declarations", f"-I{src}"]
         cmd += [f"-I{d}" for d in [*includes, *extra]]
@@ -269,7 +291,7 @@ def main() -> None:
         description="Byte-for-byte attribution of PyTorch GPU memory",
         package_dir={"": "python"},
         packages=find_packages("python"),
-        package_data={"allocscope": ["py.typed", "_C.pyi", "_analysis.pyi", "reports/html/*.html", "reports/html/*.js", "reports/html/*.css", "vgpu/lib/*"]},
+        package_data={"allocscope": ["py.typed", "_C.pyi", "_analysis.pyi", "reports/html/*.html", "reports/html/*.js", "reports/html/*.css", "vgpu/lib/*", "vgpu/cudnn_tables.tsv"]},
         ext_modules=[_extension(), _analysis_extension()],
         cmdclass={"build_ext": _build_ext_class()},
         python_requires=">=3.10",

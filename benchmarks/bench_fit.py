@@ -47,6 +47,8 @@ WORKLOADS = {
     "llama-bf16-checkpoint": ["llama", "--amp", "bf16", "--checkpoint"],
     "bert": ["bert"],
     "resnet50": ["resnet50"],
+    "convnext": ["convnext"],
+    "unet": ["unet"],
 }
 
 # Runs a command and reports the largest resident set of its process tree.
@@ -157,7 +159,7 @@ def memtracker_child(argv: list[str]) -> None:
         mt.track_external(model, opt)
         with mt:
             model_zoo.train_steps(model, opt, make_batch, loss_fn, device=device, steps=2, accumulate=a.accumulate,
-                                  batch=a.batch_size or {"resnet50": 32, "llama": 1}.get(a.model, 8), amp=a.amp,
+                                  batch=a.batch_size or model_zoo.default_batch(a.model), amp=a.amp,
                                   after_step=lambda step: mt.reset_mod_stats() if step == 0 else None)
         peak = mt.get_tracker_snapshot("peak")
     print(json.dumps({"memtracker": int(sum(v["Total"] for k, v in peak.items() if str(k).startswith("cuda")))}))

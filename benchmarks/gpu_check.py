@@ -3,6 +3,8 @@
     python benchmarks/gpu_check.py --out gpu-check
 
 On a machine with a GPU and torch preinstalled (allocscope built in place):
+  0. cudnn_tables.tsv: benchmarks/cudnn_tables.py, the workspaces cuDNN asks
+     for on this card (rows for allocscope/vgpu/cudnn_tables.tsv);
   1. machine.json: nvidia-smi, torch, the device's properties, and the CUDA
      context's real share of device memory (used before the first tensor,
      and after a cuBLAS matmul): what the virtual GPU's presets and its
@@ -20,8 +22,9 @@ On a machine with a GPU and torch preinstalled (allocscope built in place):
   5. exceptions_real.log, exceptions_virtual.log: benchmarks/probe_exceptions.py
      on the card and on the virtual GPU (which exceptions reach Python intact,
      per thread);
-  6. fit.json: benchmarks/bench_fit.py --physical on two workloads (the dry
-     run on the virtual GPU against the same workload on the card);
+  6. fit.json: benchmarks/bench_fit.py --physical on four workloads, three of
+     them convolution nets (the dry run on the virtual GPU, with the cuDNN
+     tables just recorded, against the same workload on the card);
   7. nccl.json: tests/scripts/dist_train.py (DDP and FSDP2) as one process
      with backend nccl under torchrun, on the card and on the virtual GPU:
      torch's peaks, device used, and NCCL's own memory as ncclCommMemStats
@@ -206,6 +209,13 @@ def measure(summary: list, out: str, python: str, real_env: dict, machine: dict,
     """The fixtures recorded on both sides and compared, then the step benchmark."""
     from allocscope import vgpu
 
+    # cuDNN's workspaces on this card, first (a lease can end): the rows of the
+    # virtual GPU's cuDNN tables (allocscope/vgpu/cudnn_tables.tsv, docs/vgpu.md)
+    tables = os.path.join(out, "cudnn_tables.tsv")
+    step(summary, "cudnn_tables", [python, "benchmarks/cudnn_tables.py", "--out", tables, "--json"], out, 600,
+         real_env)
+    write_summary()
+
     # fixtures: real, and virtual of the same model, memory and context
     preset = preset_for(machine["device"]["name"])
     real_dir, virtual_dir = os.path.join(out, "fixtures", "real"), os.path.join(out, "fixtures", "virtual")
@@ -241,11 +251,16 @@ def measure(summary: list, out: str, python: str, real_env: dict, machine: dict,
          out, 900, real_env)
     write_summary()
 
-    # will it fit: the dry run against the card, on a convolution net (cuDNN, off on the virtual GPU) and on
-    # activation checkpointing (whose dry run broke on this machine's virtual GPU on 2026-11-23)
+    # will it fit: the dry run against the card, on the convolution nets (cuDNN: the dry run reads the
+    # tables just recorded) and on activation checkpointing (whose dry run broke on this machine's virtual
+    # GPU on 2026-11-23)
     if not virtual:
+        fit_env = dict(real_env)
+        if os.path.exists(tables):
+            fit_env[vgpu.ENV_CUDNN_TABLES] = tables
         step(summary, "fit", [python, "benchmarks/bench_fit.py", "--impl", "plain", "--physical", "--only",
-                              "resnet50,gpt2-checkpoint", "--out", os.path.join(out, "fit.json")], out, 300, real_env)
+                              "resnet50,convnext,unet,gpt2-checkpoint", "--out", os.path.join(out, "fit.json")],
+             out, 600, fit_env)
         write_summary()
 
     # NCCL: one rank with backend nccl on the card, and the same on the virtual GPU

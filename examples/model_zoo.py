@@ -1,6 +1,8 @@
 """Real model architectures at their published sizes, built from
 configurations with random weights (no downloads): GPT-2 small, a
-Llama-style decoder (TinyLlama-1.1B's shape), BERT-base and ResNet-50.
+Llama-style decoder (TinyLlama-1.1B's shape), BERT-base, ResNet-50,
+ConvNeXt-T and a diffusion-style UNet (the convolutional ones: what cuDNN
+runs on a card).
 
 build(name, impl) returns (model, make_batch, loss_fn). impl "hf" uses
 transformers / torchvision (optional extras), "plain" the plain-PyTorch
@@ -18,7 +20,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-MODELS = ("gpt2", "llama", "bert", "resnet50")
+MODELS = ("gpt2", "llama", "bert", "resnet50", "convnext", "unet")
+CONV_MODELS = ("resnet50", "convnext", "unet")
+# Batch size when none is given: real_models.py's and bench_fit.py's
+DEFAULT_BATCH = {"resnet50": 32, "convnext": 32, "llama": 1}
+
+
+def default_batch(name: str) -> int:
+    return DEFAULT_BATCH.get(name, 8)
 
 # (what it is, its published parameter count)
 ABOUT = {
@@ -27,6 +36,11 @@ ABOUT = {
               "SwiGLU 5632, vocab 32000", 1_100_048_384),
     "bert": ("BERT-base with its masked-LM head: 12 layers, d 768, 12 heads, vocab 30522", 109_514_298),
     "resnet50": ("ResNet-50: bottlenecks [3, 4, 6, 3], 224x224 inputs, 1000 classes", 25_557_032),
+    "convnext": ("ConvNeXt-T: depths [3, 3, 9, 3], widths [96, 192, 384, 768], 224x224 inputs, 1000 classes",
+                 28_589_128),
+    "unet": ("diffusion-style UNet (allocscope's own: no published count): 4x64x64 latents, widths "
+             "[128, 256, 512], two residual blocks per level with GroupNorm and SiLU, self-attention at 16x16",
+             57_569_284),
 }
 
 
@@ -217,6 +231,118 @@ class ResNet50(nn.Module):
         return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
 
 
+# ---- ConvNeXt-T (torchvision's structure)
+
+
+class _LayerNorm2d(nn.LayerNorm):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
+class _ConvNeXtBlock(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.dwconv = nn.Conv2d(dim, dim, 7, padding=3, groups=dim)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+        self.layer_scale = nn.Parameter(torch.full((dim, 1, 1), 1e-6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.mlp(self.norm(self.dwconv(x).permute(0, 2, 3, 1))).permute(0, 3, 1, 2)
+        return x + self.layer_scale * y
+
+
+class ConvNeXt(nn.Module):
+    def __init__(self, classes: int = 1000):
+        super().__init__()
+        widths, depths = (96, 192, 384, 768), (3, 3, 9, 3)
+        layers: list[nn.Module] = [nn.Sequential(nn.Conv2d(3, 96, 4, 4), _LayerNorm2d(96, eps=1e-6))]
+        for i, (width, depth) in enumerate(zip(widths, depths, strict=True)):
+            layers += [_ConvNeXtBlock(width) for _ in range(depth)]
+            if i < 3:
+                layers.append(nn.Sequential(_LayerNorm2d(width, eps=1e-6), nn.Conv2d(width, widths[i + 1], 2, 2)))
+        self.features = nn.ModuleList(layers)
+        self.head = nn.Sequential(_LayerNorm2d(768, eps=1e-6), nn.Flatten(1), nn.Linear(768, classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.features:
+            x = _maybe_checkpoint(self, layer, x)
+        return self.head[2](self.head[1](self.head[0](F.adaptive_avg_pool2d(x, 1))))
+
+
+# ---- a diffusion-style UNet (DDPM / Stable Diffusion's layout, smaller)
+
+
+class _ResBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, temb: int):
+        super().__init__()
+        self.norm1, self.conv1 = nn.GroupNorm(32, cin), nn.Conv2d(cin, cout, 3, padding=1)
+        self.temb = nn.Linear(temb, cout)
+        self.norm2, self.conv2 = nn.GroupNorm(32, cout), nn.Conv2d(cout, cout, 3, padding=1)
+        self.skip = nn.Conv2d(cin, cout, 1) if cin != cout else nn.Identity()
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        h = self.conv1(F.silu(self.norm1(x))) + self.temb(t)[:, :, None, None]
+        return self.skip(x) + self.conv2(F.silu(self.norm2(h)))
+
+
+class _Attention2d(nn.Module):
+    def __init__(self, dim: int, heads: int = 8):
+        super().__init__()
+        self.norm, self.heads = nn.GroupNorm(32, dim), heads
+        self.qkv, self.out = nn.Conv2d(dim, 3 * dim, 1), nn.Conv2d(dim, dim, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, c, h, w = x.shape
+        q, k, v = self.qkv(self.norm(x)).reshape(b, 3, self.heads, c // self.heads, h * w).transpose(-1, -2).unbind(1)
+        y = F.scaled_dot_product_attention(q, k, v).transpose(-1, -2).reshape(b, c, h, w)
+        return x + self.out(y)
+
+
+class UNet(nn.Module):
+    def __init__(self, channels: int = 4, widths: tuple[int, ...] = (128, 256, 512)):
+        super().__init__()
+        temb = 4 * widths[0]
+        self.time = nn.Sequential(nn.Linear(widths[0], temb), nn.SiLU(), nn.Linear(temb, temb))
+        self.inp = nn.Conv2d(channels, widths[0], 3, padding=1)
+        self.down, skips, cin = nn.ModuleList(), [widths[0]], widths[0]
+        for i, width in enumerate(widths):
+            for _ in range(2):
+                self.down.append(_ResBlock(cin, width, temb))
+                cin = width
+                skips.append(cin)
+            if i < len(widths) - 1:
+                self.down.append(nn.Conv2d(cin, cin, 3, stride=2, padding=1))
+                skips.append(cin)
+        self.mid = nn.ModuleList([_ResBlock(cin, cin, temb), _Attention2d(cin), _ResBlock(cin, cin, temb)])
+        self.up = nn.ModuleList()
+        for i, width in reversed(list(enumerate(widths))):
+            for _ in range(3):
+                self.up.append(_ResBlock(cin + skips.pop(), width, temb))
+                cin = width
+            if i > 0:
+                self.up.append(nn.Conv2d(cin, cin, 3, padding=1))  # after a nearest 2x upsample
+        self.out = nn.Sequential(nn.GroupNorm(32, cin), nn.SiLU(), nn.Conv2d(cin, channels, 3, padding=1))
+        self.width0 = widths[0]
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        half = self.width0 // 2
+        freqs = torch.exp(-torch.arange(half, device=x.device) * (9.21 / half))
+        t = self.time(torch.cat([torch.sin(t[:, None] * freqs), torch.cos(t[:, None] * freqs)], dim=1))
+        h, skips = self.inp(x), []
+        skips.append(h)
+        for layer in self.down:
+            h = _maybe_checkpoint(self, layer, h, t) if isinstance(layer, _ResBlock) else layer(h)
+            skips.append(h)
+        h = self.mid[2](self.mid[1](self.mid[0](h, t)), t)
+        for layer in self.up:
+            if isinstance(layer, _ResBlock):
+                h = _maybe_checkpoint(self, layer, torch.cat([h, skips.pop()], dim=1), t)
+            else:
+                h = layer(F.interpolate(h, scale_factor=2.0, mode="nearest"))
+        return self.out(h)
+
+
 def _maybe_checkpoint(owner: nn.Module, block: nn.Module, *args: Any) -> torch.Tensor:
     if getattr(owner, "checkpointing", False) and owner.training:
         from torch.utils.checkpoint import checkpoint
@@ -229,10 +355,10 @@ def _maybe_checkpoint(owner: nn.Module, block: nn.Module, *args: Any) -> torch.T
 
 
 def _hf(name: str) -> nn.Module:
-    if name == "resnet50":
+    if name in ("resnet50", "convnext"):
         import torchvision
 
-        return torchvision.models.resnet50()
+        return torchvision.models.resnet50() if name == "resnet50" else torchvision.models.convnext_tiny()
     import transformers as T
 
     if name == "gpt2":
@@ -247,7 +373,9 @@ def _hf(name: str) -> nn.Module:
 def installed(impl: str, name: str) -> bool:
     import importlib.util
 
-    module = "torchvision" if name == "resnet50" else "transformers"
+    if name == "unet":
+        return impl == "plain"
+    module = "torchvision" if name in ("resnet50", "convnext") else "transformers"
     return impl == "plain" or importlib.util.find_spec(module) is not None
 
 
@@ -259,15 +387,24 @@ def build(name: str, impl: str = "auto", *, seq: int | None = None,
     if impl == "auto":
         impl = "hf" if installed("hf", name) else "plain"
     hf = impl == "hf"
-    model = _hf(name) if hf else {"gpt2": GPT2, "llama": Llama, "bert": Bert, "resnet50": ResNet50}[name]()
+    model = _hf(name) if hf else {"gpt2": GPT2, "llama": Llama, "bert": Bert, "resnet50": ResNet50,
+                                  "convnext": ConvNeXt, "unet": UNet}[name]()
     if checkpointing:
-        if hf and name != "resnet50":
+        if hf and name not in CONV_MODELS:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         elif hf:
-            raise ValueError("activation checkpointing of torchvision's ResNet-50: use --impl plain")
+            raise ValueError(f"activation checkpointing of torchvision's {name}: use --impl plain")
         else:
             model.checkpointing = True
-    if name == "resnet50":
+    if name == "unet":  # denoising: predict the noise added to a latent at a random step
+        def make_latents(batch: int, device: torch.device) -> Any:
+            return (torch.randn(batch, 4, 64, 64, device=device), torch.randint(0, 1000, (batch,), device=device))
+
+        def denoise_loss(model: nn.Module, inputs: Any) -> torch.Tensor:
+            noise = torch.randn_like(inputs[0])
+            return F.mse_loss(model(inputs[0] + noise, inputs[1].float()), noise)
+        return model, make_latents, denoise_loss
+    if name in ("resnet50", "convnext"):
         def make_batch(batch: int, device: torch.device) -> Any:
             return (torch.randn(batch, 3, 224, 224, device=device), torch.randint(0, 1000, (batch,), device=device))
 
@@ -318,4 +455,5 @@ def parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
 
 
-__all__ = ["ABOUT", "MODELS", "build", "installed", "parameters", "train_steps"]
+__all__ = ["ABOUT", "CONV_MODELS", "DEFAULT_BATCH", "MODELS", "build", "default_batch", "installed", "parameters",
+           "train_steps"]

@@ -1,6 +1,6 @@
 """Train a real model architecture for a few steps, with random weights and
 random data (nothing is downloaded): GPT-2 small, a Llama-style 1.1B decoder,
-BERT-base or ResNet-50 (examples/model_zoo.py). Made to be run on a virtual
+BERT-base, ResNet-50, ConvNeXt-T or a diffusion-style UNet (examples/model_zoo.py). Made to be run on a virtual
 GPU, to learn whether a run fits a card and with what batch size:
 
     allocscope fit --gpu A100-40GB --gpu L4-24GB -- python examples/real_models.py gpt2 --batch-size 8
@@ -45,7 +45,7 @@ except ImportError:  # the script runs without allocscope too
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", choices=model_zoo.MODELS)
-    parser.add_argument("--batch-size", type=int, default=None, help="per micro-batch (default: 8; Llama 1, ResNet-50 32)")
+    parser.add_argument("--batch-size", type=int, default=None, help="per micro-batch (default: 8; Llama 1, ResNet-50 and ConvNeXt 32)")
     parser.add_argument("--seq", type=int, default=None, help="sequence length (default: the model's context)")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--accumulate", type=int, default=1, metavar="N", help="micro-batches per optimizer step")
@@ -61,13 +61,14 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print the peaks as JSON at the end")
     args = parser.parse_args()
     if args.impl == "hf" and not model_zoo.installed("hf", args.model):
-        parser.error(f"--impl hf needs {'torchvision' if args.model == 'resnet50' else 'transformers'}")
+        parser.error(f"--impl hf needs {'torchvision' if args.model in model_zoo.CONV_MODELS else 'transformers'}"
+                     if args.model != "unet" else "--impl hf: the UNet has no transformers / torchvision version")
     if min(args.steps, args.accumulate, args.batch_size or 1, args.seq or 1) < 1:
         parser.error("--steps, --accumulate, --batch-size and --seq must be at least 1")
 
     torch.manual_seed(0)
     device = torch.device(args.device)
-    batch = args.batch_size or {"resnet50": 32, "llama": 1}.get(args.model, 8)
+    batch = args.batch_size or model_zoo.default_batch(args.model)
     with device:  # weights made where they live: no host copy (on the virtual GPU, no host memory)
         model, make_batch, loss_fn = model_zoo.build(args.model, args.impl, seq=args.seq,
                                                      checkpointing=args.checkpoint)

@@ -30,8 +30,8 @@ with open(os.environ["FIT_TRUTH"], "a") as f:
 """
 
 
-def fit(tmp_path, *args):
-    env = dict(os.environ, FIT_TRUTH=str(tmp_path / "truth.jsonl"))
+def fit(tmp_path, *args, **environment):
+    env = dict(os.environ, FIT_TRUTH=str(tmp_path / "truth.jsonl"), **environment)
     return subprocess.run([sys.executable, "-m", "allocscope", "fit", *args], capture_output=True, text=True,
                           timeout=600, cwd=tmp_path, env=env)
 
@@ -229,15 +229,22 @@ conv(torch.randn(2, 3, 32, 32, device="cuda")).sum().backward()
 """
 
 
-def test_convolutions_come_with_the_cudnn_caveat(tmp_path):
-    # the virtual GPU has no cuDNN: a convolution net's dry run says so
+def test_convolutions_come_with_the_cudnn_caveat_where_no_table_covers_the_card(tmp_path):
+    # cuDNN runs on the virtual GPU, its workspaces from tables recorded on
+    # cards: a card the tables do not cover gets a caveat, one they cover none
     path = tmp_path / "conv.py"
     path.write_text(CONV)
     result = fit(tmp_path, "--gpu", "L4-24GB", "--json", "--", str(path))
     assert result.returncode == 0, result.stderr
     (caveat,) = json.loads(result.stdout)["cards"][0]["caveats"]
-    assert "no cuDNN" in caveat
+    assert "hold none for NVIDIA L4" in caveat
     assert f"caveat: {caveat}" in render_fit(json.loads(result.stdout))
+    table = tmp_path / "l4.tsv"
+    table.write_text("NVIDIA L4\t92400\tconv_fprop\t2\tdt=0 nchw x=3,32,32\t0\n")
+    result = fit(tmp_path, "--gpu", "L4-24GB", "--force", "--json", "--", str(path),
+                 ALLOCSCOPE_VGPU_CUDNN_TABLES=str(table))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["cards"][0]["caveats"] == []
 
 
 def test_a_command_that_never_uses_cuda_has_no_verdict_on_memory(tmp_path):

@@ -17,7 +17,9 @@ The rules are written down in docs/attribution.md; in short:
    alive by the autograd graph) -> activation; other survivors of forward
    (outputs, the loss) -> output, of backward -> gradient, of the optimizer
    -> optimizer_state. A cuBLAS/cuBLASLt workspace (the baselines list
-   torch's) -> workspace. unknown is left for phases allocscope does not know.
+   torch's), or a cuDNN workspace (allocated inside a cuDNN op,
+   LIBRARY_WORKSPACE_OPS, and freed before the call returned) -> workspace. unknown is left for phases
+   allocscope does not know.
 4. Module: a labelled row's from its label (the parameter's module, the module
    that saved the activation); others the innermost module scope open on the
    allocating thread (forward scopes nest; backward scopes close when their
@@ -39,6 +41,7 @@ from ..allocator.sizes import round_sizes
 from ..capture.format import MODULE_LEAF, TENSOR_LABELS, EventKind
 from ..capture.reader import Capture
 from .lifetimes import lifetimes
+from .ops import op_names
 from .scopes import module_scopes
 
 __all__ = ["CATEGORIES", "PHASES", "Attribution", "attribute", "module_label"]
@@ -351,6 +354,46 @@ def _workspaces(cap: Capture, addr: np.ndarray, start: np.ndarray, end: np.ndarr
     return out
 
 
+# The ops inside which torch asks the caching allocator directly (not for a
+# tensor) for a library's workspace: cuDNN's convolutions (the v8 API's plan
+# workspace), batch norm, RNNs and attention (aten/src/ATen/native/cudnn/).
+LIBRARY_WORKSPACE_OPS = frozenset({
+    "aten::cudnn_convolution", "aten::cudnn_convolution_transpose", "aten::convolution_backward",
+    "aten::cudnn_batch_norm", "aten::cudnn_batch_norm_backward", "aten::_cudnn_rnn", "aten::_cudnn_rnn_backward",
+    "aten::_scaled_dot_product_cudnn_attention", "aten::_scaled_dot_product_cudnn_attention_backward",
+    "aten::_cudnn_attention_forward", "aten::_cudnn_attention_backward"})
+
+
+def _library_workspaces(cap: Capture, start: np.ndarray, end: np.ndarray, n: int) -> np.ndarray:
+    """Rows that are a library's workspace: allocated with an op of
+    LIBRARY_WORKSPACE_OPS innermost and freed before that op call returned,
+    that is before the allocating thread's next allocation under another op
+    (frees are recorded without their op: c10 frees under its own lock)."""
+    ev = cap.events
+    out = np.zeros(len(start), bool)
+    recorded = np.flatnonzero((start >= 0) & (end < n))
+    if not len(recorded):
+        return out
+    alloc_op = ev.op[start[recorded]]
+    names = op_names(cap, np.unique(alloc_op[alloc_op != 0]))
+    library = [op for op, name in names.items() if name.chain and name.chain[-1] in LIBRARY_WORKSPACE_OPS]
+    candidates = recorded[np.isin(alloc_op, np.array(library, alloc_op.dtype))]
+    if not len(candidates):
+        return out
+    # Per thread, each ALLOC's next ALLOC under a different op (n: none).
+    allocs = np.flatnonzero(ev.kind == EventKind.ALLOC)
+    change_after = np.full(n + 1, n, np.int64)
+    for thread in np.unique(ev.thread[allocs]).tolist():
+        idx = allocs[ev.thread[allocs] == thread]
+        ops = ev.op[idx]
+        run_start = np.flatnonzero(np.r_[True, ops[1:] != ops[:-1]])
+        next_run = np.r_[idx[run_start[1:]], n]
+        change_after[idx] = np.repeat(next_run, np.diff(np.r_[run_start, len(idx)]))
+    s = start[candidates]
+    out[candidates] = end[candidates] < change_after[s]
+    return out
+
+
 def attribute(cap: Capture, block_sizes: np.ndarray | None = None) -> Attribution:
     """Attributes every allocation of a capture (see the module docstring).
     block_sizes: per event, the block size of each ALLOC (0: unknown), from a
@@ -388,6 +431,7 @@ def attribute(cap: Capture, block_sizes: np.ndarray | None = None) -> Attributio
     unlabelled = category < 0
     category[unlabelled] = rule[unlabelled]
     category[_workspaces(cap, A, ST, EN, n) & unlabelled] = _CAT["workspace"]
+    category[_library_workspaces(cap, ST, EN, n) & unlabelled] = _CAT["workspace"]
 
     # ---- modules of unlabelled rows: the scope open on the allocating thread
     TH = rows.column("thread")

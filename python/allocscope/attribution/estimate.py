@@ -48,7 +48,8 @@ _LINES = (
     ("output", "outputs", None, "forward results the training loop keeps past backward: outputs, the loss"),
     ("temporary", "temporaries", "activation_gradients",
      "intermediates freed within their phase, in place of the estimate's activation gradients"),
-    ("workspace", "workspaces", None, "cuBLAS/cuBLASLt workspaces (one per handle and stream), not in the estimate"),
+    ("workspace", "workspaces", None,
+     "cuBLAS/cuBLASLt workspaces (one per handle and stream) and cuDNN's, not in the estimate"),
     ("other", "other", None, "allocated outside watched phases, or before recording"),
     ("unknown", "unknown", None, "allocations no rule explains"),
 )

@@ -93,6 +93,7 @@ def _fit() -> dict[str, Any]:
 def _virtual_gpu() -> dict[str, Any]:
     """Which virtual devices the capture was made on (none: a real GPU)."""
     from .. import vgpu
+    from ..vgpu import cudnn
 
     if not vgpu.active():
         return {}
@@ -101,4 +102,6 @@ def _virtual_gpu() -> dict[str, Any]:
         "spec": os.environ.get(vgpu.ENV_GPU),
         "event_polls": state["event_polls"],
         "devices": [{k: d[k] for k in ("key", "total", "context_bytes")} for d in state["devices"]],
+        # cuDNN's stand-in and the rows per card of the tables it answered from
+        "cudnn": {"stand_in": cudnn.stand_in(), "tables": cudnn.table_path(), "table_rows": cudnn.table_rows()},
     }}

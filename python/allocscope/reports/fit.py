@@ -92,8 +92,7 @@ def card_result(gpu: str, status: int, cap: Capture | None, *, capture_path: str
     return out
 
 
-# Ops through which torch calls cuDNN on a card (and its native kernels on the
-# virtual GPU, which has no cuDNN).
+# Ops through which torch calls cuDNN's convolutions.
 _CUDNN_OPS = frozenset({"aten::convolution", "aten::_convolution", "aten::conv_transpose2d",
                         "aten::conv_transpose3d", "aten::convolution_backward"})
 
@@ -101,14 +100,24 @@ _CUDNN_OPS = frozenset({"aten::convolution", "aten::_convolution", "aten::conv_t
 def caveats(cap: Capture) -> list[str]:
     """Where a dry run on the virtual GPU is known to differ from the card:
     what the capture ran that the virtual card does not model."""
-    if not cap.metadata.get("virtual_gpu"):
+    virtual = cap.metadata.get("virtual_gpu")
+    if not virtual:
         return []
     ev = cap.events
     ops = np.unique(ev.op[(ev.kind == EventKind.ALLOC) & (ev.op != 0)])
-    if any(_CUDNN_OPS.intersection(name.chain) for name in op_names(cap, ops).values()):
-        return ["convolutions ran on torch's native kernels: the virtual GPU has no cuDNN, whose workspaces "
-                "and algorithms reserve more on a card (ResNet-50 on an H100: 10.9% more than its dry run; "
-                "docs/fit.md)"]
+    if not any(_CUDNN_OPS.intersection(name.chain) for name in op_names(cap, ops).values()):
+        return []
+    cudnn = virtual.get("cudnn")
+    if cudnn is None or not cudnn.get("stand_in"):
+        return ["convolutions ran on torch's native kernels: this virtual GPU has no cuDNN, whose workspaces "
+                "reserve more on a card (ResNet-50 on an H100: 10.9% more than its dry run; docs/fit.md)"]
+    cards = {d.get("name") for d in cap.metadata.get("cuda_devices") or ()}
+    rows = cudnn.get("table_rows") or {}
+    missing = sorted(c for c in cards if c and not rows.get(c))
+    if missing:
+        return [f"convolutions ran through cuDNN, whose workspaces come from tables recorded on cards: the tables "
+                f"hold none for {', '.join(missing)}, so they asked for no workspace (ResNet-50 on an H100 "
+                "reserved 10.9% more than such a dry run; docs/vgpu.md, cuDNN)"]
     return []
 
 

@@ -27,9 +27,13 @@ import sys
 from typing import Any, Mapping
 
 from ..common.errors import InputError
+# The tables of cuDNN's workspaces recorded on cards (csrc/vgpu/cudnn_tables.h); default: the ones shipped
+from .cudnn import CUDNN_TABLES, ENV_CUDNN_TABLES
 
 __all__ = [
+    "CUDNN_TABLES",
     "ENV_CONTEXT",
+    "ENV_CUDNN_TABLES",
     "ENV_EVENT_POLLS",
     "ENV_GPU",
     "ENV_MEMORY",
@@ -83,14 +87,14 @@ def _libraries() -> list[str]:
     major version they were built for."""
     names = sorted(os.listdir(LIB_DIR)) if os.path.isdir(LIB_DIR) else []
     order = ["libvgpu.so", "libcuda.so.1", "libnvidia-ml.so.1", "libcublasLt.so.", "libcublas.so.", "libcudart.so.",
-             "libnccl.so.2"]
+             "libnccl.so.2", "libcudnn.so.9"]
     return [n for prefix in order for n in names if n == prefix or (prefix.endswith(".") and n.startswith(prefix))]
 
 
 def available() -> bool:
     """Whether this allocscope was built with the virtual GPU (it needs a CUDA
     build of torch and the CUDA headers at build time)."""
-    return len([n for n in _libraries() if not n.startswith("libnccl")]) == 6
+    return len([n for n in _libraries() if not n.startswith(("libnccl", "libcudnn"))]) == 6
 
 
 def _core() -> ctypes.CDLL:
@@ -228,6 +232,7 @@ def activate(gpu: str, *, memory: int | str | None = None, context: int | str | 
     # Triton links its launchers against libcuda.so.1, which it looks for
     # with ldconfig unless told where: here, the stand-in driver.
     os.environ[ENV_TRITON_LIBCUDA] = LIB_DIR
+    os.environ.setdefault(ENV_CUDNN_TABLES, CUDNN_TABLES)
     # Loaded globally, by path: torch's libraries then find these under the
     # names they link against (the loader matches a loaded library's SONAME
     # before it searches any path), and c10 finds libcuda.so.1 and
@@ -237,13 +242,17 @@ def activate(gpu: str, *, memory: int | str | None = None, context: int | str | 
 
     from ..common.torch_hook import after_torch_import
 
-    after_torch_import(_turn_cudnn_off)
+    from .cudnn import stand_in
+
+    if not stand_in():
+        after_torch_import(_turn_cudnn_off)
     after_torch_import(_exit_grace)
     after_torch_import(_distributed)
 
 
 def _turn_cudnn_off() -> None:
-    # cuDNN needs a driver; torch's native kernels take its place (docs/vgpu.md).
+    # Built without the cuDNN stand-in (no cuDNN 9 headers at build time): the
+    # real cuDNN needs a driver; torch's native kernels take its place (docs/vgpu.md).
     # scaled_dot_product_attention's cuDNN backend does not follow
     # cudnn.enabled: it is chosen first for bf16/fp16 on Hopper and fails with
     # CUDNN_STATUS_NOT_INITIALIZED, so it is turned off too (flash or
