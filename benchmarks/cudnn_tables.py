@@ -47,8 +47,21 @@ def _layout(t: torch.Tensor) -> str:
     return "nhwc" if t.dim() >= 3 and t.shape[1] > 1 and t.stride(1) == 1 else "nchw"
 
 
+def _cudnn_format(x: torch.Tensor, w: torch.Tensor) -> torch.memory_format:
+    """The memory format torch gives cuDNN's convolution tensors
+    (cudnn_conv_suggest_memory_format, aten/src/ATen/native/ConvUtils.h)."""
+    for channels_last, dim in ((torch.channels_last, 4), (torch.channels_last_3d, 5)):
+        if x.dim() == dim and any(t.is_contiguous(memory_format=channels_last) and not t.is_contiguous()
+                                  for t in (x, w)):
+            return channels_last
+    return torch.contiguous_format
+
+
 def conv_key(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, padding: Any, stride: Any, dilation: Any) -> str:
-    return (f"dt={DTYPES[x.dtype]} {_layout(x)} x={_join(x.shape[1:])} w={_join(w.shape)} y={_join(y.shape[1:])} "
+    """The key the stand-in builds from the tensors cuDNN is given: in the
+    memory format torch converts them to."""
+    layout = _layout(x.contiguous(memory_format=_cudnn_format(x, w)))
+    return (f"dt={DTYPES[x.dtype]} {layout} x={_join(x.shape[1:])} w={_join(w.shape)} y={_join(y.shape[1:])} "
             f"pad={_join(padding)} stride={_join(stride)} dil={_join(dilation)}")
 
 
@@ -146,6 +159,8 @@ def measure(problems: list[tuple], batches: list[int]) -> list[dict[str, Any]]:
     """Runs each call alone between two marks of one recording and reads
     back what it asked for (exact requested bytes, from the capture)."""
     import allocscope
+    from allocscope.attribution.categories import library_allocation
+    from allocscope.attribution.ops import op_names
     from allocscope.capture.format import EventKind
 
     rows: list[dict[str, Any]] = []
@@ -167,11 +182,15 @@ def measure(problems: list[tuple], batches: list[int]) -> list[dict[str, Any]]:
         cap = allocscope.load(path)
         ev = cap.events
         marks = [i for i in range(len(ev)) if ev.kind[i] == EventKind.MARK]
+        # Only what the cuDNN op asks for itself, not the copies torch makes
+        # inside it to the layout cuDNN is given.
+        names = op_names(cap, ev.op)
+        own = {op for op, name in names.items() if library_allocation(name.chain)}
         for (op, batch, key, what, kept), lo, hi in zip(calls, marks[:-1], marks[1:], strict=True):
             live: dict[int, int] = {}
             freed = 0
             for i in range(lo, hi):
-                if ev.kind[i] == EventKind.ALLOC:
+                if ev.kind[i] == EventKind.ALLOC and int(ev.op[i]) in own:
                     live[int(ev.addr[i])] = int(ev.size[i])
                 elif ev.kind[i] == EventKind.FREE and int(ev.addr[i]) in live:
                     freed = max(freed, live.pop(int(ev.addr[i])))

@@ -57,6 +57,7 @@ def main() -> None:
     parser.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw")
     parser.add_argument("--impl", choices=("auto", "hf", "plain"), default="auto",
                         help="hf: transformers / torchvision; plain: the equivalents in model_zoo.py")
+    parser.add_argument("--no-cudnn", action="store_true", help="torch.backends.cudnn.enabled = False")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--json", action="store_true", help="print the peaks as JSON at the end")
     args = parser.parse_args()
@@ -67,6 +68,8 @@ def main() -> None:
         parser.error("--steps, --accumulate, --batch-size and --seq must be at least 1")
 
     torch.manual_seed(0)
+    if args.no_cudnn:
+        torch.backends.cudnn.enabled = False
     device = torch.device(args.device)
     batch = args.batch_size or model_zoo.default_batch(args.model)
     with device:  # weights made where they live: no host copy (on the virtual GPU, no host memory)

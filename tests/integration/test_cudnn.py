@@ -68,7 +68,7 @@ def test_a_table_recorded_on_the_virtual_gpu_reads_back_as_written(tmp_path):
     from the nearest batch size at another."""
     empty = tmp_path / "empty.tsv"
     empty.write_text("# no rows\n")
-    _run([TABLES, "--out", str(tmp_path / "found.tsv"), "--models", "resnet50", "--batch", "2"], table=empty)
+    _run([TABLES, "--out", str(tmp_path / "found.tsv"), "--batch", "2"], table=empty)
     found = _rows(tmp_path / "found.tsv")
     assert {r[2] for r in found} == {"conv_fprop", "conv_dgrad", "conv_wgrad", "bn_fwd_ws", "bn_reserve",
                                      "bn_bwd_ws"}
@@ -79,8 +79,7 @@ def test_a_table_recorded_on_the_virtual_gpu_reads_back_as_written(tmp_path):
         for card, version, op, batch, key, _ in found:
             written[(op, key)] = int(rng.choice([0, 512, 1000, 3 << 20, 123_456_789]))
             f.write(f"{card}\t{version}\t{op}\t{batch}\t{key}\t{written[(op, key)]}\n")
-    _run([TABLES, "--out", str(tmp_path / "read.tsv"), "--models", "resnet50", "--batch", "2,3"],
-         table=tmp_path / "table.tsv")
+    _run([TABLES, "--out", str(tmp_path / "read.tsv"), "--batch", "2,3"], table=tmp_path / "table.tsv")
     read = _rows(tmp_path / "read.tsv")
     assert len(read) == 2 * len(found)
     for _, _, op, batch, key, got in read:

@@ -17,7 +17,7 @@ The rules are written down in docs/attribution.md; in short:
    alive by the autograd graph) -> activation; other survivors of forward
    (outputs, the loss) -> output, of backward -> gradient, of the optimizer
    -> optimizer_state. A cuBLAS/cuBLASLt workspace (the baselines list
-   torch's), or a cuDNN workspace (allocated inside a cuDNN op,
+   torch's), or a cuDNN workspace (allocated by a cuDNN op for itself,
    LIBRARY_WORKSPACE_OPS, and freed before the call returned) -> workspace. unknown is left for phases
    allocscope does not know.
 4. Module: a labelled row's from its label (the parameter's module, the module
@@ -362,11 +362,27 @@ LIBRARY_WORKSPACE_OPS = frozenset({
     "aten::cudnn_batch_norm", "aten::cudnn_batch_norm_backward", "aten::_cudnn_rnn", "aten::_cudnn_rnn_backward",
     "aten::_scaled_dot_product_cudnn_attention", "aten::_scaled_dot_product_cudnn_attention_backward",
     "aten::_cudnn_attention_forward", "aten::_cudnn_attention_backward"})
+# Factories through which such an op allocates for itself (at::empty), as
+# opposed to the copies it makes of its inputs (contiguous, clone, to).
+_FACTORY_OPS = frozenset({"aten::empty", "aten::empty_strided", "aten::empty_like", "aten::new_empty"})
+
+
+def library_allocation(chain: tuple[str, ...]) -> bool:
+    """Whether an allocation with this op chain (outermost first) was made by
+    a LIBRARY_WORKSPACE_OPS op for itself: that op innermost, or followed
+    only by tensor factories."""
+    for i in range(len(chain) - 1, -1, -1):
+        if chain[i] in LIBRARY_WORKSPACE_OPS:
+            return True
+        if chain[i] not in _FACTORY_OPS:
+            return False
+    return False
 
 
 def _library_workspaces(cap: Capture, start: np.ndarray, end: np.ndarray, n: int) -> np.ndarray:
-    """Rows that are a library's workspace: allocated with an op of
-    LIBRARY_WORKSPACE_OPS innermost and freed before that op call returned,
+    """Rows that are a library's workspace: allocated by an op of
+    LIBRARY_WORKSPACE_OPS for itself (library_allocation) and freed before
+    that op call returned,
     that is before the allocating thread's next allocation under another op
     (frees are recorded without their op: c10 frees under its own lock)."""
     ev = cap.events
@@ -376,7 +392,7 @@ def _library_workspaces(cap: Capture, start: np.ndarray, end: np.ndarray, n: int
         return out
     alloc_op = ev.op[start[recorded]]
     names = op_names(cap, np.unique(alloc_op[alloc_op != 0]))
-    library = [op for op, name in names.items() if name.chain and name.chain[-1] in LIBRARY_WORKSPACE_OPS]
+    library = [op for op, name in names.items() if library_allocation(name.chain)]
     candidates = recorded[np.isin(alloc_op, np.array(library, alloc_op.dtype))]
     if not len(candidates):
         return out
