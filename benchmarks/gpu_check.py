@@ -223,6 +223,8 @@ def measure(summary: list, out: str, python: str, real_env: dict, machine: dict,
          + (["--gpu", "H100-80GB"] if virtual else []), out, 900, real_env)
     virtual_env = vgpu.environment(preset, memory=machine["mem_get_info_total"],
                                    context=max(machine["used_before_first_tensor"], 0))
+    if os.path.exists(tables):  # the virtual side answers cuDNN's workspaces from this card's rows
+        virtual_env[vgpu.ENV_CUDNN_TABLES] = tables
     # (on the virtual GPU, make_fixtures sees CUDA and records on it, children included)
     step(summary, "fixtures_virtual", [python, "tests/data/make_fixtures.py", "--cuda", "--out", virtual_dir], out,
          900, virtual_env)
