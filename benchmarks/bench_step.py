@@ -10,6 +10,10 @@ ResNet-style CNN. Modes, interleaved over rounds (median reported):
   allocscope-watch-noops  the same without op recording (backward scopes from
                     Python hooks on autograd nodes instead of the op callback)
   torch-history     torch.cuda.memory._record_memory_history(stacks="python") (CUDA only)
+  torch-history-cpp the same with stacks="all": Python and C++ stacks, the C++ ones unwound at every
+                    allocation by torch's own DWARF unwinder (torch::unwind) (CUDA only). Its cost over
+                    torch-history is what naming each allocation's op from its native stack would cost,
+                    against allocscope's per-op callback (allocscope-python over allocscope-noops)
 Also compares file sizes: an allocscope capture of the measured steps against
 torch's _dump_snapshot pickle of the same steps.
 
@@ -115,8 +119,9 @@ def run_steps(model, opt, make_input, loss_fn, steps, device):
 def timed(mode, model, opt, make_input, loss_fn, steps, device, path, snapshot_path=None):
     if mode == "off":
         return run_steps(model, opt, make_input, loss_fn, steps, device), None
-    if mode == "torch-history":
-        torch.cuda.memory._record_memory_history(max_entries=10_000_000, stacks="python")
+    if mode in ("torch-history", "torch-history-cpp"):
+        torch.cuda.memory._record_memory_history(max_entries=10_000_000,
+                                                 stacks="python" if mode == "torch-history" else "all")
         try:
             t = run_steps(model, opt, make_input, loss_fn, steps, device)
             if snapshot_path:
@@ -148,7 +153,7 @@ def main():
     path = os.path.join(tmp, "step.alsc")
     modes = ["off", "allocscope-none", "allocscope-noops", "allocscope-python", "allocscope-watch",
              "allocscope-watch-noops"]
-    modes += ["torch-history"] if args.device == "cuda" else []
+    modes += ["torch-history", "torch-history-cpp"] if args.device == "cuda" else []
     results = {}
     for name, (model, make_input, loss_fn, config) in workloads(args.device, args.small).items():
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -182,6 +187,10 @@ def main():
             "watch_over_recording_noops_pct": round(
                 100 * (med["allocscope-watch-noops"] / med["allocscope-noops"] - 1), 2),
             "ops_over_stacks_pct": round(100 * (med["allocscope-python"] / med["allocscope-noops"] - 1), 2),
+            # per step: what op recording adds to allocscope, and what C++ stacks add to torch's recorder
+            "ops_ms_per_step": round((med["allocscope-python"] - med["allocscope-noops"]) * 1e3, 3),
+            **({"cpp_stacks_ms_per_step": round((med["torch-history-cpp"] - med["torch-history"]) * 1e3, 3)}
+               if "torch-history-cpp" in med else {}),
             "files": sizes,
         }
         del model, opt
