@@ -159,7 +159,7 @@ def measure(problems: list[tuple], batches: list[int]) -> list[dict[str, Any]]:
     """Runs each call alone between two marks of one recording and reads
     back what it asked for (exact requested bytes, from the capture)."""
     import allocscope
-    from allocscope.attribution.categories import library_allocation
+    from allocscope.attribution.workspaces import library_allocation
     from allocscope.attribution.ops import op_names
     from allocscope.capture.format import EventKind
 

@@ -16,7 +16,8 @@ import torch
 import allocscope
 from allocscope.allocator.recorded import recorded_reserved
 from allocscope.attribution import attribute
-from allocscope.attribution.categories import CATEGORIES, LIBRARY_WORKSPACE_OPS
+from allocscope.attribution.categories import CATEGORIES
+from allocscope.attribution.workspaces import LIBRARY_WORKSPACE_OPS
 from allocscope.attribution.ops import op_names
 
 from ..replay import assert_exact

@@ -271,9 +271,11 @@ class _Decoder:
 
     def run(self) -> Capture:
         self._header()
-        # A whole read sizes the columns from the chunk headers first; a
-        # partial one reads no header it does not need, and grows them.
-        expected = self._declared_events() if self.through_step is None else 0
+        # The columns are sized from the chunk headers first, a partial read's
+        # too: rows it never reaches are pages never written, which cost no
+        # memory, where growing the columns as it reads copied every row
+        # about twice (1.7 s of a 9.3M-event read).
+        expected = self._declared_events()
         self.events = EventColumns(self.capture.version, expected, self.engine)
         try:
             for kind, payload, offset in self._chunks():
