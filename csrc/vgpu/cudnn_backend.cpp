@@ -17,12 +17,9 @@
 #include <cudnn.h>
 
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <vector>
 
 #include "cudnn_tables.h"
@@ -297,7 +294,9 @@ API cudnnStatus_t cudnnBackendGetAttribute(cudnnBackendDescriptor_t const desc, 
     }
     return CUDNN_STATUS_SUCCESS;
   }
-  if (element_size(type) != element_size(a->type)) return CUDNN_STATUS_BAD_PARAM;
+  if (type == CUDNN_TYPE_BACKEND_DESCRIPTOR || element_size(type) != element_size(a->type)) {
+    return CUDNN_STATUS_BAD_PARAM;
+  }
   std::memcpy(elements, a->bytes.data(), n * element_size(a->type));
   return CUDNN_STATUS_SUCCESS;
 }

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <mutex>
 #include <sstream>
+#include <unordered_map>
 
 #include "core.h"
 
@@ -14,16 +15,21 @@ namespace vgpu_cudnn {
 namespace {
 
 struct Row {
-  std::string card;
   int version;
-  std::string op;
   int64_t batch;
-  std::string key;
   uint64_t bytes;
 };
 
-const std::vector<Row>& rows() {
-  static std::vector<Row> all;
+// Rows by card, operation and problem; and the cuDNN versions each card's
+// operation was recorded with. Read once: a lookup runs at every batch
+// norm and every convolution plan.
+struct Tables {
+  std::unordered_map<std::string, std::vector<Row>> rows;  // "card\top\tproblem"
+  std::unordered_map<std::string, std::vector<int>> versions;  // "card\top"
+};
+
+const Tables& tables() {
+  static Tables t;
   static std::once_flag once;
   std::call_once(once, [] {
     const char* path = std::getenv("ALLOCSCOPE_VGPU_CUDNN_TABLES");
@@ -38,13 +44,15 @@ const std::vector<Row>& rows() {
       while (std::getline(ss, field, '\t')) f.push_back(field);
       if (f.size() != 6) continue;
       try {
-        all.push_back({f[0], std::stoi(f[1]), f[2], std::stoll(f[3]), f[4], std::stoull(f[5])});
+        Row r{std::stoi(f[1]), std::stoll(f[3]), std::stoull(f[5])};
+        t.rows[f[0] + '\t' + f[2] + '\t' + f[4]].push_back(r);
+        t.versions[f[0] + '\t' + f[2]].push_back(r.version);
       } catch (...) {
         // a malformed row answers nothing
       }
     }
   });
-  return all;
+  return t;
 }
 
 std::string join(const std::vector<int64_t>& v, size_t from = 0) {
@@ -80,18 +88,19 @@ uint64_t round_up(double bytes) {
 
 uint64_t lookup(const std::string& op, int64_t batch, const std::string& key) {
   const std::string card = current_card();
+  const Tables& t = tables();
   // The recorded version nearest this library's.
-  int best_version = -1;
-  for (const Row& r : rows()) {
-    if (r.card != card || r.op != op) continue;
-    if (best_version < 0 || std::abs(r.version - CUDNN_VERSION) < std::abs(best_version - CUDNN_VERSION)) {
-      best_version = r.version;
-    }
+  auto v = t.versions.find(card + '\t' + op);
+  if (v == t.versions.end()) return 0;
+  int best_version = v->second.front();
+  for (int version : v->second) {
+    if (std::abs(version - CUDNN_VERSION) < std::abs(best_version - CUDNN_VERSION)) best_version = version;
   }
-  if (best_version < 0) return 0;
+  auto rows = t.rows.find(card + '\t' + op + '\t' + key);
+  if (rows == t.rows.end()) return 0;
   const Row* nearest = nullptr;
-  for (const Row& r : rows()) {
-    if (r.card != card || r.op != op || r.version != best_version || r.key != key) continue;
+  for (const Row& r : rows->second) {
+    if (r.version != best_version) continue;
     if (r.batch == batch) return r.bytes;
     if (!nearest || std::llabs(r.batch - batch) < std::llabs(nearest->batch - batch)) nearest = &r;
   }
