@@ -42,7 +42,9 @@ def dry_run(*args):
 
 @pytest.mark.parametrize("name,args", [("gpt2", ["--seq", "256"]), ("bert", ["--seq", "128"]),
                                        ("resnet50", ["--batch-size", "4"]), ("llama", ["--seq", "128"]),
-                                       ("convnext", ["--batch-size", "4"]), ("unet", ["--batch-size", "2"])])
+                                       # the other convolution nets: make test-full (make test's time budget)
+                                       pytest.param("convnext", ["--batch-size", "4"], marks=pytest.mark.heavy),
+                                       pytest.param("unet", ["--batch-size", "2"], marks=pytest.mark.heavy)])
 def test_a_dry_run_trains_each_model(name, args):
     r = dry_run(name, *args)
     assert r["parameters"] == model_zoo.ABOUT[name][1]
