@@ -234,8 +234,14 @@ def _join_labels(ev: Any, rows: _Rows, label_idx: np.ndarray, device_type: str, 
     # One sorted key per (address, start) over the rows at labelled addresses;
     # a label's key (address, its index) finds the last row started by then.
     uniq = np.unique(la)
-    sel = np.flatnonzero(np.isin(A, uniq))
-    row_addr = np.searchsorted(uniq, A[sel])
+    # The rows at labelled addresses, and their address's rank: one binary
+    # search per row (np.isin sorted every row with the labels: 1.3 s of a
+    # late step's report on 3.9M rows).
+    rank = np.searchsorted(uniq, A)
+    there = rank < len(uniq)
+    there[there] = uniq[rank[there]] == A[there]
+    sel = np.flatnonzero(there)
+    row_addr = rank[sel]
     span = int(max(ST.max(initial=-1), label_idx.max())) + 2
     order = np.lexsort((sel, EN[sel], ST[sel], row_addr))
     row_keys = row_addr[order] * span + (ST[sel][order] + 1)
