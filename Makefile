@@ -75,10 +75,10 @@ test-full:
 test-main: test-main-cpu test-main-cuda test-main-cpu-agnostic test-main-many-gpus
 
 test-main-cpu: browser $(VENV)/.built
-	$(call PYTEST_CPU,$(PY),-p no:cacheprovider,and not torch_agnostic)
+	$(call PYTEST_CPU,$(PY),-p no:cacheprovider,and not torch_agnostic $(MAIN_EXCLUDE))
 
 test-main-cpu-agnostic: browser $(VENV)/.built
-	$(call PYTEST_CPU,$(PY),-p no:cacheprovider,and torch_agnostic)
+	$(call PYTEST_CPU,$(PY),-p no:cacheprovider,and torch_agnostic $(MAIN_EXCLUDE))
 
 test-main-cuda: $(VENV)/.built
 	$(call PYTEST_CUDA,$(PY),-p no:cacheprovider,and not many_gpus $(MAIN_EXCLUDE))

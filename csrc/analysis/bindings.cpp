@@ -174,6 +174,25 @@ py::tuple py_lifetimes(const py::array_t<uint8_t, py::array::c_style>& kind,
                         replay::to_numpy(std::move(lt.unmatched)), replay::to_numpy(std::move(lt.doubles)));
 }
 
+py::array_t<int64_t> py_label_allocs(const py::array_t<uint8_t, py::array::c_style>& kind,
+                                     const py::array_t<uint64_t, py::array::c_style>& addr,
+                                     const py::array_t<int64_t, py::array::c_style>& label_idx) {
+  if (kind.size() != addr.size()) throw std::invalid_argument("label_allocs: columns of different lengths");
+  const int64_t* idx = label_idx.data();
+  for (py::ssize_t j = 0; j < label_idx.size(); ++j) {
+    if (idx[j] < 0 || idx[j] >= kind.size() || (j > 0 && idx[j] <= idx[j - 1])) {
+      throw std::invalid_argument("label_allocs: label indices must be increasing event indices");
+    }
+  }
+  std::vector<int64_t> out;
+  {
+    py::gil_scoped_release nogil;
+    out = label_allocs(static_cast<size_t>(kind.size()), kind.data(), addr.data(),
+                       static_cast<size_t>(label_idx.size()), idx);
+  }
+  return replay::to_numpy(std::move(out));
+}
+
 py::array_t<uint8_t> py_deferred_frees(const py::array_t<uint8_t, py::array::c_style>& kind,
                                        const py::array_t<uint64_t, py::array::c_style>& addr,
                                        const std::vector<uint64_t>& pending_at_end) {
@@ -302,6 +321,7 @@ PYBIND11_MODULE(_analysis, m) {
   m.def("decode_events", &allocscope::decode::py_decode_events, py::arg("payload"), py::arg("version"),
         py::arg("columns"), py::arg("at"));
   m.def("lifetimes", &allocscope::pairs::py_lifetimes, py::arg("kind"), py::arg("addr"));
+  m.def("label_allocs", &allocscope::pairs::py_label_allocs, py::arg("kind"), py::arg("addr"), py::arg("label_idx"));
   m.def("deferred_frees", &allocscope::pairs::py_deferred_frees, py::arg("kind"), py::arg("addr"),
         py::arg("pending_at_end"));
   m.def("walk_scopes", &walk_scopes, py::arg("events"), py::arg("threads"), py::arg("symbols"), py::arg("table"),

@@ -32,6 +32,28 @@ Lifetimes lifetimes(size_t n, const uint8_t* kind, const uint64_t* addr) {
   return out;
 }
 
+std::vector<int64_t> label_allocs(size_t n, const uint8_t* kind, const uint64_t* addr, size_t labels,
+                                  const int64_t* label_idx) {
+  std::vector<int64_t> out(labels, kLabelNone);
+  std::unordered_map<uint64_t, int64_t> state;  // address -> its open ALLOC's position, or kLabelClosed
+  int64_t position = 0;
+  size_t j = 0;
+  for (size_t i = 0; i < n && j < labels; ++i) {
+    int k = kind[i];
+    if (k == format::kAlloc) {
+      state[addr[i]] = position++;
+    } else if (k == format::kFree) {
+      auto it = state.find(addr[i]);
+      if (it != state.end()) it->second = kLabelClosed;
+    }
+    for (; j < labels && label_idx[j] == static_cast<int64_t>(i); ++j) {
+      auto it = state.find(addr[i]);
+      if (it != state.end()) out[j] = it->second;
+    }
+  }
+  return out;
+}
+
 std::vector<uint8_t> deferred_frees(size_t n, const uint8_t* kind, const uint64_t* addr,
                                     const std::unordered_set<uint64_t>& pending_at_end) {
   std::vector<uint8_t> out(n, 0);

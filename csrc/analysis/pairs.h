@@ -20,6 +20,16 @@ struct Lifetimes {
 
 Lifetimes lifetimes(size_t n, const uint8_t* kind, const uint64_t* addr);
 
+// Per tensor label (events label_idx, in increasing order): the position,
+// in ALLOC order, of the ALLOC open at its address when it was written;
+// kLabelClosed where the last ALLOC there was freed before it; kLabelNone
+// where no ALLOC there came before it (memory from before recording, if
+// any). attribution/categories.py's _join_labels (numpy) is the reference.
+inline constexpr int64_t kLabelClosed = -1;
+inline constexpr int64_t kLabelNone = -2;
+std::vector<int64_t> label_allocs(size_t n, const uint8_t* kind, const uint64_t* addr, size_t labels,
+                                  const int64_t* label_idx);
+
 // Per event: a FREE whose block waited for another stream (a FREE_COMPLETED
 // follows it at its address), or that is still pending at the end (the last
 // event at an address in pending_at_end).

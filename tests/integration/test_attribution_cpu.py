@@ -10,6 +10,7 @@ from torch.utils.checkpoint import checkpoint
 
 import allocscope
 from allocscope.attribution import attribute, moment
+from allocscope.attribution.categories import CATEGORIES
 from allocscope.reports import build_report
 from allocscope.reports.report import find_mark
 
@@ -487,3 +488,16 @@ def test_optimizer_state_made_anew_each_step_is_named_each_step(tmp_path):
         assert all(att.name(int(att.label[r])).endswith("/buf") for r in rows), step
     labels = int((cap.events.kind == allocscope.EventKind.OPTIMIZER_STATE).sum())
     assert labels == 3 * len(list(model.parameters()))  # after each step (the reload's are replaced unlabelled)
+
+
+def test_a_watched_recording_that_allocated_nothing_still_reports(tmp_path):
+    # The parameters' labels name memory from before recording and no row is
+    # recorded: the labels make rows of their own (this raised IndexError).
+    model = nn.Linear(8, 8)
+    path = tmp_path / "idle.alsc"
+    with allocscope.record(path, device="cpu") as rec:
+        rec.watch(model)
+    cap = allocscope.load(path)
+    att = attribute(cap)
+    assert int((att.category == CATEGORIES.index("parameter")).sum()) == 2  # weight and bias
+    assert build_report(cap)["capture"]["events"] == len(cap.events)

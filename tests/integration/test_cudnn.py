@@ -114,15 +114,15 @@ def test_a_cudnn_convolution_step_records_its_workspaces(tmp_path):
     its cuDNN op: recorded as a workspace with that op named; the capture
     replays exactly and its peak is torch's."""
     (tmp_path / "step.py").write_text(CONV_STEP)
-    empty = tmp_path / "empty.tsv"
-    empty.write_text("")
     # the net's problems, with their keys as the recorder builds them
-    (tmp_path / "zoo_free.py").write_text(
-        "import sys; sys.path.insert(0, sys.argv[1]); import cudnn_tables as t, torch\n"
-        "x = torch.empty(8, 3, 32, 32); y = torch.empty(8, 32, 32, 32); z = torch.empty(8, 64, 16, 16)\n"
-        "print(t.conv_key(x, torch.empty(32, 3, 3, 3), y, [1, 1], [1, 1], [1, 1]))\n"
-        "print(t.conv_key(y, torch.empty(64, 32, 3, 3), z, [1, 1], [2, 2], [1, 1]))\n")
-    keys = _run([str(tmp_path / "zoo_free.py"), os.path.dirname(TABLES)]).split("\n")[:2]
+    sys.path.insert(0, os.path.dirname(TABLES))
+    try:
+        from cudnn_tables import conv_key
+    finally:
+        sys.path.remove(os.path.dirname(TABLES))
+    x, y, z = torch.empty(8, 3, 32, 32), torch.empty(8, 32, 32, 32), torch.empty(8, 64, 16, 16)
+    keys = [conv_key(x, torch.empty(32, 3, 3, 3), y, [1, 1], [1, 1], [1, 1]),
+            conv_key(y, torch.empty(64, 32, 3, 3), z, [1, 1], [2, 2], [1, 1])]
     sizes = {("conv_fprop", 0): 1 << 20, ("conv_dgrad", 1): 3 << 20, ("conv_wgrad", 0): 5 << 20,
              ("conv_wgrad", 1): 7 << 20}
     with open(tmp_path / "table.tsv", "w") as f:

@@ -1,9 +1,10 @@
 """Pairing frees with allocations in C++ (allocscope._analysis,
 csrc/analysis/pairs.cpp) against the numpy versions it replaces (the reference):
-lifetimes (each ALLOC's FREE, unmatched frees, double allocations) and
-deferred_frees (frees that waited for another stream), on every fixture and
-on generated event streams with repeated, unbalanced and interleaved
-addresses and blocks still pending at the end."""
+lifetimes (each ALLOC's FREE, unmatched frees, double allocations),
+deferred_frees (frees that waited for another stream) and the rows tensor
+labels name (attribution's _join_labels), on every fixture and on generated
+event streams with repeated, unbalanced and interleaved addresses, memory
+from before recording, and blocks still pending at the end."""
 
 from __future__ import annotations
 
@@ -19,7 +20,10 @@ import allocscope
 from allocscope.capture.format import EventKind as K
 from allocscope.common.native import analysis
 from allocscope.allocator.recorded import deferred_frees
+from allocscope.allocator.segments import baseline_blocks
+from allocscope.attribution.categories import _join_labels, _Rows
 from allocscope.attribution.lifetimes import lifetimes
+from allocscope.capture.format import TENSOR_LABELS
 from allocscope.capture.reader import Events
 
 pytestmark = [pytest.mark.torch_agnostic,
@@ -84,3 +88,52 @@ def test_an_unknown_engine_is_refused():
     events = Events(kind=np.array([K.ALLOC], np.uint8), addr=np.array([512], np.uint64), seq=np.array([0], np.uint64))
     with pytest.raises(ValueError, match="unknown engine"):
         lifetimes(events, engine="fast")
+
+
+# ---- tensor labels joined to the rows live at their address (attribution/categories.py)
+
+_LABELS = [int(k) for k in TENSOR_LABELS]
+
+
+class _Events:
+    """What _Rows and _join_labels read of a capture."""
+
+    def __init__(self, events):
+        self.events = events
+
+
+def joined_labels(cap, older, engine):
+    """(each label's row, the rows' addresses and ends, warnings) as attribute() makes them:
+    the recorded rows, rows of older memory at `older` addresses, then the labels."""
+    ev = cap.events
+    rows = _Rows(cap, len(ev), None)
+    if older:
+        rows.add_older(older, [512] * len(older), None, [rows.free_after(a, -1) for a in older], 0)
+    label_idx = np.flatnonzero(np.isin(ev.kind, _LABELS))
+    warnings = []
+    label_rows = _join_labels(ev, rows, label_idx, "cuda", warnings, engine=engine)
+    return label_rows.tolist(), rows.column("addr").tolist(), rows.column("end").tolist(), warnings
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=[os.path.relpath(p, DATA) for p in FIXTURES])
+def test_fixtures_join_their_labels_the_same_natively(path):
+    cap = allocscope.load(path)
+    base = cap.baseline("start")
+    older = sorted(baseline_blocks(base)) if base is not None and base.get("segments") is not None else []
+    assert joined_labels(cap, older, "numpy") == joined_labels(cap, older, "native")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(_KINDS + [K.PARAMETER, K.GRADIENT, K.ACTIVATION] * 2), st.integers(0, 6)),
+                max_size=150),
+       st.sets(st.integers(0, 6), max_size=3))
+def test_generated_streams_join_their_labels_the_same_natively(stream, older):
+    base = 0x7F0000000000
+    n = len(stream)
+    events = Events(kind=np.array([int(k) for k, _ in stream], np.uint8),
+                    addr=np.array([base + 512 * a for _, a in stream], np.uint64),
+                    size=np.full(n, 512, np.uint64), seq=np.arange(n, dtype=np.uint64),
+                    **{c: np.zeros(n, np.int64) for c in ("block", "stack", "op", "thread", "device")})
+    cap = _Events(events)
+    addrs = sorted(base + 512 * a for a in older)
+    assert joined_labels(cap, addrs, "numpy") == joined_labels(cap, addrs, "native")

@@ -41,6 +41,7 @@ from ..allocator.sizes import round_sizes
 from ..capture.format import MODULE_LEAF, TENSOR_LABELS, EventKind
 from ..capture.reader import Capture
 from .lifetimes import lifetimes
+from ..common.native import analysis_for
 from .workspaces import cublas_workspaces, library_workspaces
 from .scopes import module_scopes
 
@@ -221,16 +222,57 @@ class _Rows:
         return sum(len(p) for p in self.parts["addr"])
 
 
-def _join_labels(ev: Any, rows: _Rows, label_idx: np.ndarray, device_type: str, warnings: list[str]) -> np.ndarray:
+def _join_labels(ev: Any, rows: _Rows, label_idx: np.ndarray, device_type: str, warnings: list[str],
+                 engine: str = "auto") -> np.ndarray:
     """The row each tensor label (events label_idx) names, -1 for none: the
     row live at its address when it was written (of the rows there, the one
     that started last at or before it), or a new row of memory from before
-    recording where nothing recorded was there yet."""
+    recording where nothing recorded was there yet. engine: "native" (one
+    pass with a hash map, allocscope._analysis.label_allocs), "numpy" (the
+    reference, by sorts) or "auto" (native where built and the events are in
+    sequence order, as lifetimes() takes them)."""
     label_rows = np.full(len(label_idx), -1, np.int64)
     if not len(label_idx):
         return label_rows
     A, ST, EN = rows.column("addr"), rows.column("start"), rows.column("end")
     la = ev.addr[label_idx].astype(np.uint64)
+    fast = analysis_for(engine, "numpy")
+    if fast is not None and (engine == "native" or ev.in_sequence_order()):
+        found, live = _label_rows_native(fast, ev, rows, label_idx, label_rows, A, ST, EN)
+    else:
+        found, live = _label_rows_numpy(label_idx, label_rows, la, A, ST, EN)
+    return _older_labels(ev, rows, label_idx, label_rows, la, A, found, live, device_type, warnings)
+
+
+def _label_rows_native(fast: Any, ev: Any, rows: _Rows, label_idx: np.ndarray, label_rows: np.ndarray,
+                       A: np.ndarray, ST: np.ndarray, EN: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """_label_rows_numpy's (found, live), from one pass over the events:
+    recorded rows are the ALLOCs in event order (_Rows), so the position of
+    the ALLOC open at a label's address is its row; where none came before,
+    a row of memory from before recording there (start -1) is the candidate."""
+    pos = fast.label_allocs(np.ascontiguousarray(ev.kind, np.uint8), np.ascontiguousarray(ev.addr, np.uint64),
+                            np.ascontiguousarray(label_idx, np.int64))
+    open_ = pos >= 0
+    label_rows[open_] = pos[open_]
+    found, live = pos != -2, open_.copy()
+    recorded = len(rows.parts["start"][0])
+    older = {int(a): r for r, a in enumerate(A[recorded:].tolist(), start=recorded)}
+    for j in np.flatnonzero(pos == -2).tolist():
+        r = older.get(int(ev.addr[label_idx[j]]))
+        if r is not None:
+            found[j] = True
+            if EN[r] > label_idx[j]:
+                live[j], label_rows[j] = True, r
+    return found, live
+
+
+def _label_rows_numpy(label_idx: np.ndarray, label_rows: np.ndarray, la: np.ndarray, A: np.ndarray,
+                      ST: np.ndarray, EN: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(found, live) per label: a row at its address started at or before it,
+    and that row still live; label_rows gets the live ones' rows."""
+    none = np.zeros(len(label_idx), bool)
+    if not len(A):  # no rows at all (a recording that allocated nothing)
+        return none, none.copy()
     # One sorted key per (address, start) over the rows at labelled addresses;
     # a label's key (address, its index) finds the last row started by then.
     uniq = np.unique(la)
@@ -241,6 +283,8 @@ def _join_labels(ev: Any, rows: _Rows, label_idx: np.ndarray, device_type: str, 
     there = rank < len(uniq)
     there[there] = uniq[rank[there]] == A[there]
     sel = np.flatnonzero(there)
+    if not len(sel):  # no row at any labelled address (memory from before recording, on the CPU)
+        return none, none.copy()
     row_addr = rank[sel]
     span = int(max(ST.max(initial=-1), label_idx.max())) + 2
     order = np.lexsort((sel, EN[sel], ST[sel], row_addr))
@@ -252,6 +296,14 @@ def _join_labels(ev: Any, rows: _Rows, label_idx: np.ndarray, device_type: str, 
     cand = np.where(found, sel[order][np.maximum(pos, 0)], 0)
     live = found & (EN[cand] > label_idx)
     label_rows[live] = cand[live]
+    return found, live
+
+
+def _older_labels(ev: Any, rows: _Rows, label_idx: np.ndarray, label_rows: np.ndarray, la: np.ndarray,
+                  A: np.ndarray, found: np.ndarray, live: np.ndarray, device_type: str,
+                  warnings: list[str]) -> np.ndarray:
+    """Labels with no row at their address yet: rows of memory from before
+    recording, made here; the labels no row explains, counted in a warning."""
     # Labels with no row there yet name memory from before recording (one
     # new row per address, live until its first recorded free); the others
     # name memory already freed.
