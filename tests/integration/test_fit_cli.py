@@ -12,7 +12,7 @@ import sys
 import pytest
 
 import allocscope
-from allocscope.reports.fit import render_fit, render_search
+from allocscope.reports.fit import caveats, render_fit, render_search
 
 pytestmark = [pytest.mark.torch_agnostic,
               pytest.mark.skipif(not allocscope.vgpu.available(), reason="built without the virtual GPU")]
@@ -239,12 +239,12 @@ def test_convolutions_come_with_the_cudnn_caveat_where_no_table_covers_the_card(
     (caveat,) = json.loads(result.stdout)["cards"][0]["caveats"]
     assert "hold none for NVIDIA L4" in caveat
     assert f"caveat: {caveat}" in render_fit(json.loads(result.stdout))
-    table = tmp_path / "l4.tsv"
-    table.write_text("NVIDIA L4\t92400\tconv_fprop\t2\tdt=0 nchw x=3,32,32\t0\n")
-    result = fit(tmp_path, "--gpu", "L4-24GB", "--force", "--json", "--", str(path),
-                 ALLOCSCOPE_VGPU_CUDNN_TABLES=str(table))
-    assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout)["cards"][0]["caveats"] == []
+    # the same capture, had the tables held rows for the card: no caveat
+    cap = allocscope.load(tmp_path / "allocscope-fit" / "L4-24GB.alsc")
+    assert cap.metadata["virtual_gpu"]["cudnn"]["table_rows"].get("NVIDIA L4") is None
+    assert caveats(cap) == [caveat]
+    cap.metadata["virtual_gpu"]["cudnn"]["table_rows"]["NVIDIA L4"] = 1
+    assert caveats(cap) == []
 
 
 def test_a_command_that_never_uses_cuda_has_no_verdict_on_memory(tmp_path):
