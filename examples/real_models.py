@@ -45,7 +45,8 @@ except ImportError:  # the script runs without allocscope too
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", choices=model_zoo.MODELS)
-    parser.add_argument("--batch-size", type=int, default=None, help="per micro-batch (default: 8; Llama 1, ResNet-50 and ConvNeXt 32)")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="per micro-batch (default: 8; Llama 1, ResNet-50 and ConvNeXt 32)")
     parser.add_argument("--seq", type=int, default=None, help="sequence length (default: the model's context)")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--accumulate", type=int, default=1, metavar="N", help="micro-batches per optimizer step")
