@@ -238,14 +238,14 @@ def _join_labels(ev: Any, rows: _Rows, label_idx: np.ndarray, device_type: str, 
     la = ev.addr[label_idx].astype(np.uint64)
     fast = analysis_for(engine, "numpy")
     if fast is not None and (engine == "native" or ev.in_sequence_order()):
-        found, live = _label_rows_native(fast, ev, rows, label_idx, label_rows, A, ST, EN)
+        found, live = _label_rows_native(fast, ev, rows, label_idx, label_rows, A, EN)
     else:
         found, live = _label_rows_numpy(label_idx, label_rows, la, A, ST, EN)
     return _older_labels(ev, rows, label_idx, label_rows, la, A, found, live, device_type, warnings)
 
 
 def _label_rows_native(fast: Any, ev: Any, rows: _Rows, label_idx: np.ndarray, label_rows: np.ndarray,
-                       A: np.ndarray, ST: np.ndarray, EN: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                       A: np.ndarray, EN: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """_label_rows_numpy's (found, live), from one pass over the events:
     recorded rows are the ALLOCs in event order (_Rows), so the position of
     the ALLOC open at a label's address is its row; where none came before,
