@@ -47,12 +47,17 @@ def _layout(t: torch.Tensor) -> str:
     return "nhwc" if t.dim() >= 3 and t.shape[1] > 1 and t.stride(1) == 1 else "nchw"
 
 
+def _strictly(t: torch.Tensor, memory_format: torch.memory_format) -> bool:
+    """Laid out in this format and not also plain contiguous (torch's
+    suggest_memory_format, which Python does not expose)."""
+    return t.is_contiguous(memory_format=memory_format) and not t.is_contiguous()
+
+
 def _cudnn_format(x: torch.Tensor, w: torch.Tensor) -> torch.memory_format:
     """The memory format torch gives cuDNN's convolution tensors
     (cudnn_conv_suggest_memory_format, aten/src/ATen/native/ConvUtils.h)."""
     for channels_last, dim in ((torch.channels_last, 4), (torch.channels_last_3d, 5)):
-        if x.dim() == dim and any(t.is_contiguous(memory_format=channels_last) and not t.is_contiguous()
-                                  for t in (x, w)):
+        if x.dim() == dim and (_strictly(x, channels_last) or _strictly(w, channels_last)):
             return channels_last
     return torch.contiguous_format
 
@@ -91,8 +96,7 @@ class _Problems(TorchDispatchMode):
 
 
 def _spec(t: torch.Tensor) -> tuple:
-    cl = t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous()
-    return tuple(t.shape), t.dtype, cl
+    return tuple(t.shape), t.dtype, t.dim() == 4 and _strictly(t, torch.channels_last)
 
 
 def _make(spec: tuple, batch: int) -> torch.Tensor:

@@ -11,8 +11,9 @@
 //
 // Temporary space: the work space and the reserve space (kept for backward)
 // come from the tables (ops "rnn_ws", "rnn_reserve"); where a table has no
-// row, the reserve is what torch's native kernels would keep for backward,
-// each step's gates and states, and the work space is none (docs/vgpu.md).
+// row, the reserve is an estimate (each step's gates and two states, per
+// layer and direction: about what torch's native kernels keep for
+// backward; not measured) and the work space is none (docs/vgpu.md).
 #include <sstream>
 #include <type_traits>
 

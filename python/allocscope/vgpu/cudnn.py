@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["stand_in", "table_path", "table_rows"]
+__all__ = ["CUDNN_TABLES", "ENV_CUDNN_TABLES", "stand_in", "table_path", "table_rows"]
 
 ENV_CUDNN_TABLES = "ALLOCSCOPE_VGPU_CUDNN_TABLES"
 CUDNN_TABLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cudnn_tables.tsv")
