@@ -3,12 +3,14 @@
 JSON (issue 29, "any step of a long run in a second").
 
 Records a watched training loop (the small ResNet-style CNN of bench_step.py,
-on the CPU, Python stacks and ops, a mark per step) for --steps steps (3,000
-make about 9.3 million events), then times each report in a fresh process
-(`allocscope report FILE --steps S --json`, and `--at "step S"`): wall time
-and peak resident memory. --capture reuses a capture made before.
+on the CPU, Python stacks and ops, a mark per step, a checkpoint every
+--checkpoint-every events) for --steps steps (3,000 make about 9.3 million
+events), then times each report in a fresh process (`allocscope report FILE
+--steps S --json`, and `--at "step S"`): wall time and peak resident
+memory; and what the checkpoints cost in the file. --capture reuses a
+capture made before.
 
-    python benchmarks/bench_steps.py [--steps 3000] [--capture FILE] [--out FILE]
+    python benchmarks/bench_steps.py [--steps 3000] [--checkpoint-every N] [--capture FILE] [--out FILE]
 """
 
 from __future__ import annotations
@@ -24,14 +26,16 @@ import torch
 
 import allocscope
 from _common import emit, environment
+from allocscope.capture.checkpoints import find
+from allocscope.recording.session import CHECKPOINT_EVERY
 from bench_step import workloads
 
 
-def record(path: str, steps: int) -> None:
+def record(path: str, steps: int, checkpoint_every: int) -> None:
     torch.manual_seed(0)
     model, make_input, loss_fn, _ = workloads("cpu", True)["resnet"]
     opt = torch.optim.AdamW(model.parameters())
-    with allocscope.record(path, device="cpu") as rec:
+    with allocscope.record(path, device="cpu", checkpoint_every=checkpoint_every) as rec:
         rec.watch(model, opt)
         for step in range(steps):
             x = make_input()
@@ -67,6 +71,8 @@ def timed(args: list[str]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--checkpoint-every", type=int, default=CHECKPOINT_EVERY,
+                        help=f"events between checkpoints (default {CHECKPOINT_EVERY}; 0: none)")
     parser.add_argument("--capture", help="a capture of this benchmark's loop made before")
     parser.add_argument("--out")
     a = parser.parse_args()
@@ -74,7 +80,7 @@ def main() -> None:
     if path is None:
         path = os.path.join(tempfile.mkdtemp(), "steps.alsc")
         t0 = time.perf_counter()
-        record(path, a.steps)
+        record(path, a.steps, a.checkpoint_every)
         record_s = round(time.perf_counter() - t0, 1)
     else:
         record_s = None
@@ -85,8 +91,13 @@ def main() -> None:
         rows[where] = {"step": step, "steps": timed([path, "--steps", str(step)]),
                        "at": timed([path, "--at", f"step {step}"])}
         print(where, rows[where], file=sys.stderr)
+    size = os.path.getsize(path)
+    checkpoints = {"count": len(find(memoryview(open(path, "rb").read()))),
+                   "bytes": cap.chunk_bytes.get("checkpoint", 0)}
+    checkpoints["bytes_per_event"] = round(checkpoints["bytes"] / events, 3)
+    checkpoints["share_of_file"] = round(checkpoints["bytes"] / size, 4)
     emit({"benchmark": "steps", **environment(), "steps": steps, "events": events,
-          "file_bytes": os.path.getsize(path), "bytes_per_event": round(os.path.getsize(path) / events, 2),
+          "file_bytes": size, "bytes_per_event": round(size / events, 2), "checkpoints": checkpoints,
           "record_seconds": record_s, "reports": rows}, a.out)
 
 

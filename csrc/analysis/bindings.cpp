@@ -132,14 +132,14 @@ namespace allocscope::scopes {
 py::tuple walk_scopes(const py::array_t<int64_t, py::array::c_style>& events,
                       const py::array_t<int64_t, py::array::c_style>& threads,
                       const py::array_t<int64_t, py::array::c_style>& symbols,
-                      const std::vector<std::tuple<bool, int64_t, bool>>& table, const std::vector<std::string>& names) {
+                      const std::vector<std::tuple<bool, int64_t, bool, bool>>& table, const std::vector<std::string>& names) {
   size_t n = static_cast<size_t>(events.size());
   if (static_cast<size_t>(threads.size()) != n || static_cast<size_t>(symbols.size()) != n)
     throw std::invalid_argument("walk_scopes: columns of different lengths");
   std::vector<Symbol> syms;
-  for (const auto& [enter, name, backward] : table) {
+  for (const auto& [enter, name, backward, restored] : table) {
     if (name < 0 || static_cast<size_t>(name) >= names.size()) throw std::invalid_argument("walk_scopes: bad name");
-    syms.push_back(Symbol{enter, name, backward});
+    syms.push_back(Symbol{enter, name, backward, restored});
   }
   for (size_t j = 0; j < n; ++j)
     if (symbols.data()[j] >= static_cast<int64_t>(syms.size())) throw std::invalid_argument("walk_scopes: bad symbol");

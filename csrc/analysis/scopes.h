@@ -14,6 +14,7 @@ struct Symbol {
   bool enter;
   int64_t name;  // an index into names
   bool backward;
+  bool restored;  // an ENTER a checkpoint wrote (format.h kModuleRestored): placed on top as it is
 };
 
 struct Change {

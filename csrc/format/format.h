@@ -40,7 +40,8 @@ inline constexpr uint32_t kChunkHeaderSize = 12;
   X(kChunkStreams, STREAMS, 6)   /* new entries of the stream table */   \
   X(kChunkEvents, EVENTS, 7)     /* a block of events, columnar */       \
   X(kChunkBaseline, BASELINE, 8) /* UTF-8 JSON object: allocator snapshot + device memory */ \
-  X(kChunkFooter, FOOTER, 9)     /* UTF-8 JSON object: totals; present iff stopped cleanly */
+  X(kChunkFooter, FOOTER, 9)     /* UTF-8 JSON object: totals; present iff stopped cleanly */ \
+  X(kChunkCheckpoint, CHECKPOINT, 10) /* the live set, its labels and scopes, and a baseline */
 
 // Event kinds. The high bit (kViaAllocator) marks an ALLOC or FREE that was
 // seen only through the native allocator's trace hook: memory that bypassed
@@ -94,6 +95,7 @@ enum EventKind : uint8_t {
 // MODULE_ENTER/EXIT's addr bits.
 inline constexpr uint64_t kModuleBackward = 1;  // a module's backward scope, written from autograd's hooks
 inline constexpr uint64_t kModuleLeaf = 2;      // a module with no children
+inline constexpr uint64_t kModuleRestored = 4;  // written by a checkpoint (docs/format.md, CHECKPOINT)
 
 inline constexpr uint8_t kViaAllocator = 0x80;
 inline constexpr uint8_t kKindMask = 0x7f;

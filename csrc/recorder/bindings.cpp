@@ -28,10 +28,11 @@ PYBIND11_MODULE(_C, m) {
 
   m.def(
       "start",
-      [](const std::string& path, const std::string& metadata_json, bool python_stacks, bool ops) {
-        Recorder::get().start(StartOptions{path, metadata_json, python_stacks, ops});
+      [](const std::string& path, const std::string& metadata_json, bool python_stacks, bool ops, bool checkpoints) {
+        Recorder::get().start(StartOptions{path, metadata_json, python_stacks, ops, checkpoints});
       },
-      py::arg("path"), py::arg("metadata_json"), py::arg("python_stacks"), py::arg("ops") = true);
+      py::arg("path"), py::arg("metadata_json"), py::arg("python_stacks"), py::arg("ops") = true,
+      py::arg("checkpoints") = false);
   m.def(
       "stop",
       [](const std::string& reason) {
@@ -51,6 +52,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("ops_active", &ops::active);
   m.def("walker", [] { return Recorder::get().walker(); });
   m.def("next_seq", [] { return Recorder::get().next_seq(); });
+  m.def("arm_checkpoint", [](bool at_snapshot) { return Recorder::get().arm_checkpoint(at_snapshot); },
+        py::arg("at_snapshot"));
+  m.def("checkpoint_baseline", [](std::string json) { Recorder::get().checkpoint_baseline(std::move(json)); },
+        py::arg("json"));
   m.def(
       "annotate",
       [](uint8_t kind, const std::string& label, uint64_t addr, uint64_t size, bool with_stack) {
@@ -105,6 +110,7 @@ PYBIND11_MODULE(_C, m) {
     d["last_annotation"] = int{format::kLastAnnotation};
     d["module_backward"] = format::kModuleBackward;
     d["module_leaf"] = format::kModuleLeaf;
+    d["module_restored"] = format::kModuleRestored;
     d["encodings"] = py::dict(py::arg("RAW") = int{format::kEncRaw}, py::arg("CONST") = int{format::kEncConst},
                               py::arg("DENSE") = int{format::kEncDense}, py::arg("SPARSE") = int{format::kEncSparse});
     d["kinds"] = kinds;

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "checkpoint.h"
 #include "clock.h"
 #include "ops.h"
 #include "pystack.h"
@@ -214,8 +215,11 @@ void Recorder::start(const StartOptions& options) {
     wake_ = false;
     stop_requested_ = false;
     pending_chunks_.clear();
+    pending_arms_.clear();
+    pending_checkpoint_baselines_.clear();
     stop_reason_.clear();
   }
+  checkpointer_ = options.checkpoints ? std::make_unique<Checkpointer>(&tables_) : nullptr;
   owner_pid_ = getpid();
   g_sigterm = 0;
   sigterm_installed_ = install_sigterm_handler();
@@ -277,6 +281,24 @@ void Recorder::add_json_chunk(uint8_t type, std::string json) {
   wake_cv_.notify_one();
 }
 
+uint64_t Recorder::arm_checkpoint(bool at_snapshot) {
+  std::lock_guard<std::mutex> lock(wake_mu_);
+  if (!active_.load() || checkpointer_ == nullptr || stop_requested_) return UINT64_MAX;
+  uint64_t seq = ring_.head();
+  pending_arms_.emplace_back(seq, at_snapshot);
+  return seq;
+}
+
+void Recorder::checkpoint_baseline(std::string json) {
+  {
+    std::lock_guard<std::mutex> lock(wake_mu_);
+    if (checkpointer_ == nullptr) return;
+    pending_checkpoint_baselines_.push_back(std::move(json));
+    wake_ = true;
+  }
+  wake_cv_.notify_one();
+}
+
 bool Recorder::annotate(uint8_t kind, const std::string& label, uint64_t addr, uint64_t size, bool with_stack) {
   if (kind < format::kFirstAnnotation || kind > format::kLastAnnotation) {
     throw std::invalid_argument("annotation kind must be in [16, 63]");
@@ -317,6 +339,25 @@ void Recorder::on_sigterm_in_writer() {
   stop_reason_ = "SIGTERM";
 }
 
+void Recorder::write_batch(const std::vector<RawEvent>& batch, uint64_t first_seq) {
+  if (checkpointer_ == nullptr) {
+    writer_->write_events(batch, first_seq);
+    return;
+  }
+  // Requests are taken after the drain: a SNAPSHOT event in the batch was
+  // pushed after its point was armed, so the point is known here.
+  std::vector<std::pair<uint64_t, bool>> arms;
+  std::vector<std::string> baselines;
+  {
+    std::lock_guard<std::mutex> lock(wake_mu_);
+    arms.swap(pending_arms_);
+    baselines.swap(pending_checkpoint_baselines_);
+  }
+  for (const auto& [seq, at_snapshot] : arms) checkpointer_->arm(seq, at_snapshot);
+  for (std::string& json : baselines) checkpointer_->baseline(std::move(json));
+  checkpointer_->write_batch(*writer_, batch, first_seq);
+}
+
 void Recorder::writer_main() {
   std::vector<RawEvent> batch;
   batch.reserve(EventRing::kCapacity);
@@ -339,7 +380,7 @@ void Recorder::writer_main() {
     uint64_t first_seq = 0;
     ring_.drain(&batch, &first_seq);
     writer_->write_tables(tables_, threads_, streams_);
-    writer_->write_events(batch, first_seq);
+    write_batch(batch, first_seq);
     for (auto& chunk : chunks) writer_->write_json(chunk.first, chunk.second);
     chunks.clear();
     if (g_sigterm && !stopping) {
@@ -349,7 +390,8 @@ void Recorder::writer_main() {
     if (stopping) {
       ring_.drain(&batch, &first_seq);  // nothing is pushed any more: see stop()
       writer_->write_tables(tables_, threads_, streams_);
-      writer_->write_events(batch, first_seq);
+      write_batch(batch, first_seq);
+      if (checkpointer_) checkpointer_->finish(*writer_);
       std::string footer = "{\"events\": " + std::to_string(writer_->events_written()) +
           ", \"dropped\": " + std::to_string(writer_->events_dropped()) +
           ", \"end_monotonic_ns\": " + std::to_string(now_ns()) + ", \"reason\": \"" + reason + "\"}";

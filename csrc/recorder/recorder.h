@@ -72,6 +72,7 @@ struct StartOptions {
   std::string metadata_json;
   bool python_stacks = true;
   bool ops = true;  // the op behind each allocation (ops.h)
+  bool checkpoints = false;  // follow the live set, so that checkpoints can be written (checkpoint.h)
 };
 
 struct StopSummary {
@@ -85,6 +86,7 @@ struct StopSummary {
 };
 
 class Writer;
+class Checkpointer;
 
 class Recorder {
  public:
@@ -103,6 +105,13 @@ class Recorder {
   // Interns `label` and records an annotation event (kMark..kLastAnnotation).
   // Returns false when not recording.
   bool annotate(uint8_t kind, const std::string& label, uint64_t addr, uint64_t size, bool with_stack);
+  // Checkpoints (checkpoint.h): arm one, then take the baseline (which on
+  // CUDA makes the SNAPSHOT event the point waits for, at_snapshot) and
+  // hand it over ("" when none could be taken). arm returns the sequence
+  // number the point is at or after, or UINT64_MAX when this recording
+  // writes no checkpoints.
+  uint64_t arm_checkpoint(bool at_snapshot);
+  void checkpoint_baseline(std::string json);
   // Wakes the writer to write everything pushed so far (e.g. before an OOM
   // propagates and the process possibly dies).
   void request_flush();
@@ -123,6 +132,7 @@ class Recorder {
  private:
   Recorder();
   void writer_main();
+  void write_batch(const std::vector<RawEvent>& batch, uint64_t first_seq);
   void maybe_wake();
   void wait_until_idle(int64_t timeout_ns);
   void on_sigterm_in_writer();
@@ -148,6 +158,9 @@ class Recorder {
   bool stop_requested_ = false;
   std::atomic<bool> wake_pending_{false};
   std::vector<std::pair<uint8_t, std::string>> pending_chunks_;  // under wake_mu_
+  std::unique_ptr<Checkpointer> checkpointer_;  // the writer thread's; null: no checkpoints
+  std::vector<std::pair<uint64_t, bool>> pending_arms_;          // under wake_mu_
+  std::vector<std::string> pending_checkpoint_baselines_;         // under wake_mu_
   std::string stop_reason_;                                      // under wake_mu_
   bool sigterm_installed_ = false;
   pid_t owner_pid_ = 0;  // the process that started the recording

@@ -4,6 +4,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
@@ -165,26 +166,23 @@ void Writer::write_tables(const InternTables& tables, const ThreadTable& threads
   }
 }
 
-void Writer::write_events(const std::vector<RawEvent>& events, uint64_t first_seq) {
-  if (events.empty()) return;
-  const size_t n = events.size();
-  payload_.clear();
-  put_varint(&payload_, n);
-  put_varint(&payload_, first_seq);
-  put_varint(&payload_, zigzag(events[0].time_ns));
+void Writer::encode_events(const RawEvent* events, size_t n, uint64_t first_seq, std::vector<uint8_t>* out) {
+  put_varint(out, n);
+  put_varint(out, first_seq);
+  put_varint(out, zigzag(n ? events[0].time_ns : 0));
   // Addresses share their low zero bits (512 on CUDA, 64 on CPU): drop them.
   uint64_t any = 0;
-  for (const RawEvent& e : events) any |= e.addr;
+  for (size_t i = 0; i < n; ++i) any |= events[i].addr;
   uint8_t shift = any == 0 ? 0 : static_cast<uint8_t>(__builtin_ctzll(any));
-  payload_.push_back(shift);
+  out->push_back(shift);
 
-  payload_.push_back(kEncRaw);
-  for (const RawEvent& e : events) payload_.push_back(e.kind);
+  out->push_back(kEncRaw);
+  for (size_t i = 0; i < n; ++i) out->push_back(events[i].kind);
 
   auto column = [&](auto get) {
     values_.resize(n);
     for (size_t i = 0; i < n; ++i) values_[i] = get(i);
-    encode_column(values_, &payload_);
+    encode_column(values_, out);
   };
   column([&](size_t i) { return zigzag(events[i].time_ns - (i ? events[i - 1].time_ns : events[0].time_ns)); });
   column([&](size_t i) { return uint64_t{events[i].thread}; });
@@ -199,12 +197,37 @@ void Writer::write_events(const std::vector<RawEvent>& events, uint64_t first_se
   column([&](size_t i) { return uint64_t{events[i].stack}; });
   column([&](size_t i) { return events[i].arg; });
   column([&](size_t i) { return uint64_t{events[i].op}; });
+}
 
+void Writer::write_events(const std::vector<RawEvent>& events, uint64_t first_seq, size_t begin, size_t end) {
+  end = std::min(end, events.size());
+  if (begin >= end) return;
+  payload_.clear();
+  encode_events(events.data() + begin, end - begin, first_seq + begin, &payload_);
   if (write_chunk(kChunkEvents, payload_)) {
-    events_written_ += n;
+    events_written_ += end - begin;
   } else {
-    events_dropped_ += n;
+    events_dropped_ += end - begin;
   }
+}
+
+void Writer::write_checkpoint(const std::string& header_json, const std::vector<RawEvent>& events,
+                              const std::vector<uint64_t>& seqs) {
+  // docs/format.md, CHECKPOINT: the header, the retained events as an
+  // EVENTS payload, then their sequence numbers (deltas, one column).
+  payload_.clear();
+  put_string(&payload_, header_json.data(), header_json.size());
+  std::vector<uint8_t> block;
+  encode_events(events.data(), events.size(), 0, &block);
+  put_varint(&payload_, block.size());
+  put_bytes(&payload_, block.data(), block.size());
+  values_.resize(seqs.size());
+  for (size_t i = 0; i < seqs.size(); ++i)
+    values_[i] = zigzag(static_cast<int64_t>(seqs[i] - (i ? seqs[i - 1] : 0)));
+  std::vector<uint64_t> deltas;
+  deltas.swap(values_);
+  encode_column(deltas, &payload_);
+  write_chunk(kChunkCheckpoint, payload_);
 }
 
 }  // namespace allocscope

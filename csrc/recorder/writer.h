@@ -2,6 +2,7 @@
 // docs/format.md). Used by the recorder's writer thread only.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -25,7 +26,12 @@ class Writer {
   void write_json(uint8_t type, const std::string& json);
   // Writes the table entries added since the previous call.
   void write_tables(const InternTables& tables, const ThreadTable& threads, const StreamTable& streams);
-  void write_events(const std::vector<RawEvent>& events, uint64_t first_seq);
+  // Writes events[begin, end) (the batch's first event has first_seq) as one chunk.
+  void write_events(const std::vector<RawEvent>& events, uint64_t first_seq, size_t begin = 0,
+                    size_t end = SIZE_MAX);
+  // A CHECKPOINT chunk: its JSON header, the retained events and their sequence numbers.
+  void write_checkpoint(const std::string& header_json, const std::vector<RawEvent>& events,
+                        const std::vector<uint64_t>& seqs);
   void close();
 
   uint64_t bytes() const { return bytes_; }
@@ -35,6 +41,7 @@ class Writer {
 
  private:
   bool write_chunk(uint8_t type, const std::vector<uint8_t>& payload);
+  void encode_events(const RawEvent* events, size_t n, uint64_t first_seq, std::vector<uint8_t>* out);
 
   int fd_ = -1;
   uint64_t bytes_ = 0;

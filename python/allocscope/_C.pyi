@@ -3,9 +3,10 @@
 from typing import Any
 
 def built_with_cuda() -> bool: ...
-def start(path: str, metadata_json: str, python_stacks: bool, ops: bool = True) -> None:
+def start(path: str, metadata_json: str, python_stacks: bool, ops: bool = True, checkpoints: bool = False) -> None:
     """Opens the file (truncating it), writes header and metadata, starts the writer thread;
-    ops: record the op behind each allocation (a RecordFunction callback while recording)."""
+    ops: record the op behind each allocation (a RecordFunction callback while recording);
+    checkpoints: the writer follows the live set, so that arm_checkpoint() can write checkpoints."""
 def stop(reason: str) -> dict[str, Any]:
     """Stops recording, waits for threads inside the recorder, writes the footer.
     Keys: events, dropped, bytes, stacks, stack_misses, stack_overflows, error."""
@@ -14,6 +15,11 @@ def ops_active() -> bool:
     """Whether ops are recorded (then autograd nodes write their modules' backward scopes)."""
 def walker() -> str: ...
 def next_seq() -> int: ...
+def arm_checkpoint(at_snapshot: bool) -> int:
+    """Asks for a checkpoint at the next event (or at the SNAPSHOT event of the baseline taken next);
+    returns that point's first possible sequence number, 2**64 - 1 when none can be written."""
+def checkpoint_baseline(json: str) -> None:
+    """The armed checkpoint's baseline ("": none could be taken, so no checkpoint)."""
 def annotate(kind: int, label: str, addr: int = 0, size: int = 0, with_stack: bool = False) -> bool:
     """Records an annotation event (kind 16..63); False when not recording."""
 def add_baseline(json: str) -> None: ...

@@ -24,7 +24,8 @@ def test_python_constants_match_the_native_core(native):
     assert c["chunk_header_size"] == F.CHUNK_HEADER.size
     assert (c["via_allocator"], c["kind_mask"]) == (F.VIA_ALLOCATOR, F.KIND_MASK)
     assert (c["first_annotation"], c["last_annotation"]) == (F.FIRST_ANNOTATION, F.LAST_ANNOTATION)
-    assert (c["module_backward"], c["module_leaf"]) == (F.MODULE_BACKWARD, F.MODULE_LEAF)
+    assert (c["module_backward"], c["module_leaf"], c["module_restored"]) == (
+        F.MODULE_BACKWARD, F.MODULE_LEAF, F.MODULE_RESTORED)
     assert c["kinds"] == {k.name: int(k) for k in F.EventKind}
     assert c["chunks"] == {k.name: int(k) for k in F.Chunk}
     assert c["encodings"] == {e.name: int(e) for e in F.Encoding}

@@ -56,14 +56,15 @@ def test_fixtures_walk_the_same_natively(path):
     assert out["python"] == out["native"]
 
 
-# (enter, name, backward) symbols over hierarchical names, threads 0..2, phases (-1)
-_event = st.one_of(st.tuples(st.integers(0, 2 * len(NAMES) * 2 - 1), st.integers(0, 2)),
+# (enter, name, backward, restored) symbols over hierarchical names, threads 0..2, phases (-1)
+_event = st.one_of(st.tuples(st.integers(0, 2 * len(NAMES) * 4 - 1), st.integers(0, 2)),
                    st.tuples(st.just(-1), st.just(0)))
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(_event, max_size=200))
 def test_generated_scopes_walk_the_same_natively(seq):
-    table = [(bool(c & 1), (c >> 2) % len(NAMES), bool(c >> 1 & 1)) for c in range(2 * len(NAMES) * 2)]
+    table = [(bool(c & 1), (c >> 3) % len(NAMES), bool(c >> 1 & 1), bool(c >> 2 & 1))
+             for c in range(2 * len(NAMES) * 4)]
     events = list(range(len(seq)))
     both(events, [t for _, t in seq], [s for s, _ in seq], table, NAMES)

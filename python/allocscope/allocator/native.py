@@ -122,7 +122,11 @@ def run(cfg: Any, faithful: bool, synthetic_start: int, setups: list[Any], cap: 
     assert mod is not None
     ev = cap.events
     col = np.ascontiguousarray
-    return mod.replay(cfg, faithful, synthetic_start, setups, col(ev.kind, np.uint8), col(ev.addr, np.uint64),
+    kind = col(ev.kind, np.uint8)
+    if cap.prefix_events:  # a checkpoint's events: in the state its baseline holds, not requests
+        kind = kind.copy()
+        kind[:cap.prefix_events] = 0
+    return mod.replay(cfg, faithful, synthetic_start, setups, kind, col(ev.addr, np.uint64),
                       col(ev.size, np.uint64), col(ev.block, np.uint64), col(ev.arg, np.uint64),
                       col(ev.stream, np.uint16), col(deferred, np.uint8), stream_device, stream_handle, targets,
                       len(ev) - 1 if stop_after is None else max(int(stop_after), -1))

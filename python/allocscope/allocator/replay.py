@@ -125,6 +125,7 @@ def replay(cap: Capture, config: AllocatorConfig | None = None, *, limit: int | 
     return settle_end_snapshot(run.replay(targets, stop_after), cap, window, asked)
 
 
+
 _ALLOC, _FREE, _DONE = int(EventKind.ALLOC), int(EventKind.FREE), int(EventKind.FREE_COMPLETED)
 _OOM, _EMPTY, _FRACTION = int(EventKind.OOM), int(EventKind.EMPTY_CACHE), int(EventKind.SET_FRACTION)
 _POOL_BEGIN, _POOL_END = int(EventKind.POOL_BEGIN), int(EventKind.POOL_END)
@@ -264,6 +265,7 @@ class _Run:
         replayed: list[int] = []
         unknown_frees = 0
         todo = np.flatnonzero(np.isin(ev.kind, _REQUESTS))
+        todo = todo[todo >= self.cap.prefix_events]  # a checkpoint's: in the state its baseline holds
         if stop_after is not None:
             todo = todo[todo <= stop_after]
         cols = zip(todo.tolist(), ev.kind[todo].tolist(), ev.addr[todo].tolist(), ev.size[todo].tolist(),

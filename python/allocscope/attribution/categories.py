@@ -41,6 +41,7 @@ from ..allocator.sizes import round_sizes
 from ..capture.format import MODULE_LEAF, TENSOR_LABELS, EventKind
 from ..capture.reader import Capture
 from .lifetimes import lifetimes
+from .resumed import put_back
 from ..common.native import analysis_for
 from .workspaces import cublas_workspaces, library_workspaces
 from .scopes import module_scopes
@@ -419,6 +420,9 @@ def attribute(cap: Capture, block_sizes: np.ndarray | None = None) -> Attributio
     base = cap.baseline("start") if device_type == "cuda" else None
     if base is not None and base.get("segments") is not None:
         pre = sorted(baseline_blocks(base).items())
+        if cap.prefix_events:  # read from a checkpoint: its rows, then memory from before recording
+            held = put_back(cap, *(rows.parts[c][0] for c in ("addr", "start", "end", "block")), dict(pre))
+            pre = [(a, b) for a, b in pre if a not in held]
         rows.add_older([a for a, _ in pre], [r for _, (_, r, _) in pre], [b for _, (b, _, _) in pre],
                        [rows.free_after(a, -1) for a, _ in pre], [d for _, (_, _, d) in pre])
     label_idx = np.flatnonzero(np.isin(ev.kind, [int(k) for k in TENSOR_LABELS]))

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ..capture.format import MODULE_BACKWARD, EventKind
+from ..capture.format import MODULE_BACKWARD, MODULE_RESTORED, EventKind
 from ..capture.reader import Capture
 from ..common.native import analysis_for
 
@@ -44,9 +44,9 @@ def module_scopes(cap: Capture, names: Any, start: np.ndarray, thread: np.ndarra
         module[mine] = np.where(pos >= 0, current[changed][np.maximum(pos, 0)], -1)
 
 
-def _symbols(cap: Capture, names: Any, idx: np.ndarray) -> tuple[np.ndarray, list[tuple[bool, int, bool]]]:
+def _symbols(cap: Capture, names: Any, idx: np.ndarray) -> tuple[np.ndarray, list[tuple[bool, int, bool, bool]]]:
     """Each scope event as a symbol (-1: a PHASE event), and the symbols as
-    (enter, name, backward). Module names are registered in order of first
+    (enter, name, backward, restored). Module names are registered in order of first
     appearance (names' ids are stable)."""
     ev = cap.events
     kinds = ev.kind[idx]
@@ -57,16 +57,20 @@ def _symbols(cap: Capture, names: Any, idx: np.ndarray) -> tuple[np.ndarray, lis
     for u in np.argsort(first, kind="stable").tolist():
         a = int(uniq[u])
         name_ids[u] = names(strings[a] if a < len(strings) else "?")
-    backward = (ev.addr[idx[scope]] & MODULE_BACKWARD).astype(np.int64)
-    code = (name_ids[np.asarray(inverse).reshape(-1)] * 2 + backward) * 2 + (kinds[scope] == EventKind.MODULE_ENTER)
+    flags = ev.addr[idx[scope]]
+    backward = (flags & MODULE_BACKWARD != 0).astype(np.int64)
+    restored = (flags & MODULE_RESTORED != 0).astype(np.int64)
+    code = ((name_ids[np.asarray(inverse).reshape(-1)] * 2 + restored) * 2 + backward) * 2 \
+        + (kinds[scope] == EventKind.MODULE_ENTER)
     symbols, sym = np.unique(code, return_inverse=True)
     symbol_of = np.full(len(idx), -1, np.int64)
     symbol_of[scope] = np.asarray(sym).reshape(-1)
-    return symbol_of, [(bool(c & 1), int(c >> 2), bool(c >> 1 & 1)) for c in symbols.tolist()]
+    return symbol_of, [(bool(c & 1), int(c >> 3), bool(c >> 1 & 1), bool(c >> 2 & 1)) for c in symbols.tolist()]
 
 
 def walk_python(events: np.ndarray, threads: np.ndarray, symbol_of: np.ndarray,
-                decoded: list[tuple[bool, int, bool]], names: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                decoded: list[tuple[bool, int, bool, bool]], names: list[str]
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Where each thread's innermost open scope changed: (event, thread,
     innermost name or -1), in event order. The reference for the C++ walk
     (csrc/analysis/scopes.cpp)."""
@@ -86,11 +90,11 @@ def walk_python(events: np.ndarray, threads: np.ndarray, symbol_of: np.ndarray,
         return sid
 
     def move(state: int, symbol: int) -> int:
-        enter, name, backward = decoded[symbol]
+        enter, name, backward, restored = decoded[symbol]
         scopes = list(states[state])
         if enter:
             pos = len(scopes)
-            if backward:
+            if backward and not restored:  # a checkpoint's ENTER puts an open scope back as it was
                 # A module's and its last child's backward begin at the same
                 # node, child first: the parent goes under its open descendants.
                 prefix = names[name] + "."

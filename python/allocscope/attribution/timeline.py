@@ -317,7 +317,8 @@ def category_timeline(att: Attribution, tl: Timeline, points: int = 256,
     by_category = {}
     for i, c in enumerate(CATEGORIES):
         rows = np.flatnonzero(att.category == i)
-        if len(rows):
-            by_category[c] = live_at(att, att.size, rows, picks_arr).tolist()
+        live = live_at(att, att.size, rows, picks_arr) if len(rows) else None
+        if live is not None and live.any():  # the categories seen at these moments
+            by_category[c] = live.tolist()
     out["by_category"] = by_category
     return out

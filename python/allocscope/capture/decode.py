@@ -37,7 +37,7 @@ class EventColumns:
         self.version = version
         self._native = analysis_for(engine, "numpy")
         self._rows = 0
-        self._seq: list[tuple[int, int]] = []  # (first_seq, count) per chunk
+        self._seq: list[tuple[int, int] | np.ndarray] = []  # per chunk (first_seq, count), or its numbers
         self._blocks: list[EventBlock] = []
         self._cols: dict[str, np.ndarray] = {}
         if self._native is not None:
@@ -46,11 +46,13 @@ class EventColumns:
     def __len__(self) -> int:
         return self._rows
 
-    def add(self, payload: memoryview, check: Callable[[dict[str, np.ndarray]], None] | None = None
-            ) -> dict[str, np.ndarray]:
+    def add(self, payload: memoryview, check: Callable[[dict[str, np.ndarray]], None] | None = None,
+            seq: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """Decodes one EVENTS payload; returns its columns (views). The
         chunk's rows count only once check(columns) (if given) has not
-        raised. FormatError where the payload does not follow the format."""
+        raised. FormatError where the payload does not follow the format.
+        seq: the events' sequence numbers where they are not consecutive
+        from the payload's first (a checkpoint's)."""
         if self._native is None:
             block = EventBlock(payload, self.version)
             count, first = len(block.kind), block.first_seq
@@ -62,11 +64,13 @@ class EventColumns:
             except ValueError as e:  # _analysis.FormatError, or a payload the binding cannot take
                 raise FormatError(str(e)) from None
             cols = {name: column[self._rows:self._rows + count] for name, column in self._cols.items()}
+        if seq is not None and len(seq) != count:
+            raise FormatError(f"{len(seq)} sequence numbers for {count} events")
         if check is not None:
             check(cols)
         if self._native is None:
             self._blocks.append(block)
-        self._seq.append((first, count))
+        self._seq.append((first, count) if seq is None else seq)
         self._rows += count
         return cols
 
@@ -94,8 +98,13 @@ class EventColumns:
             cols = {name: column[:self._rows] for name, column in self._cols.items()}
         seq = np.empty(self._rows, np.uint64)
         at = 0
-        for first, count in self._seq:
-            seq[at:at + count] = np.arange(first, first + count, dtype=np.uint64)
+        for part in self._seq:
+            if isinstance(part, tuple):
+                first, count = part
+                seq[at:at + count] = np.arange(first, first + count, dtype=np.uint64)
+            else:
+                count = len(part)
+                seq[at:at + count] = part
             at += count
         cols["seq"] = seq
         return cols

@@ -19,7 +19,8 @@ from typing import Iterator
 
 __all__ = ["CHUNK_HEADER", "COLUMNS", "CPU_STREAM", "Chunk", "Encoding", "EventKind", "FIRST_ANNOTATION",
            "FORMAT_VERSION", "FormatError", "HEADER", "KIND_MASK", "LAST_ANNOTATION", "MAGIC", "MAX_CHUNK",
-           "MODULE_BACKWARD", "MODULE_LEAF", "NO_STREAM", "READABLE_VERSIONS", "TENSOR_LABELS", "VIA_ALLOCATOR",
+           "MODULE_BACKWARD", "MODULE_LEAF", "MODULE_RESTORED", "NO_STREAM", "READABLE_VERSIONS", "TENSOR_LABELS",
+           "VIA_ALLOCATOR",
            "chunk", "chunk_crc", "chunk_headers", "columns_of", "file_header", "kind_name", "parse_json_object",
            "read_varint", "table_entries", "varint", "zigzag"]
 
@@ -46,6 +47,7 @@ class Chunk(enum.IntEnum):
     EVENTS = 7
     BASELINE = 8
     FOOTER = 9
+    CHECKPOINT = 10
 
 
 class EventKind(enum.IntEnum):
@@ -114,6 +116,7 @@ def columns_of(version: int) -> tuple[str, ...]:
 # MODULE_ENTER/EXIT's addr bits (docs/format.md).
 MODULE_BACKWARD = 1  # a module's backward scope, written from autograd's hooks
 MODULE_LEAF = 2  # a module with no children (its EXIT's size: bytes of its new outputs)
+MODULE_RESTORED = 4  # an ENTER or EXIT a checkpoint wrote (docs/format.md, CHECKPOINT)
 
 NO_STREAM = 0
 CPU_STREAM = 1

@@ -8,7 +8,6 @@ chunk, with a TruncatedCaptureWarning.
 
 from __future__ import annotations
 
-import dataclasses
 import mmap
 import os
 import struct
@@ -19,9 +18,11 @@ import numpy as np
 
 from ..common.errors import InputError
 from ..common.progress import Progress
+from . import checkpoints as CK
 from . import format as F
 from .codec import unzigzag
 from .decode import EventColumns
+from .events import Events, Frame, StreamInfo, ThreadInfo
 from .format import EventKind, FormatError
 
 __all__ = [
@@ -59,92 +60,9 @@ class TruncatedCaptureWarning(UserWarning):
     """The file ends early; its valid prefix was loaded."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Frame:
-    filename: str
-    function: str
-    line: int
-
-    def __str__(self) -> str:
-        return f"{self.function} ({self.filename}:{self.line})"
-
-
-@dataclasses.dataclass(frozen=True)
-class ThreadInfo:
-    native_id: int
-    name: str
-
-
-@dataclasses.dataclass(frozen=True)
-class StreamInfo:
-    device: int  # -1: CPU, -2: none
-    handle: int  # cudaStream_t value (0: the default stream)
-
-
-_EVENT_FIELDS = {
-    "seq": np.uint64,
-    "time_ns": np.int64,
-    "kind": np.uint8,
-    "via_allocator": np.bool_,
-    "thread": np.uint16,
-    "stream": np.uint16,
-    "device": np.int16,
-    "addr": np.uint64,
-    "size": np.uint64,
-    "block": np.uint64,
-    "stack": np.uint32,
-    "arg": np.uint64,
-    "op": np.uint32,
-}
-
-
-class Events:
-    """Events as parallel numpy arrays, in sequence order.
-
-    kind: EventKind value (the via-allocator bit is split out into
-    via_allocator); device: derived from the stream (-1 CPU, -2 none);
-    arg: per kind (ALLOC: ns spent in the wrapped allocator; OOM: device
-    free bytes; MARK and annotations: string id of the label); op: the stack
-    node of the op chain behind an ALLOC or OOM (Capture.stack gives its
-    frames: `<aten>` ops and `<autograd>` nodes, innermost first; 0: none or
-    not recorded, as in format 1 files).
-    """
-
-    __slots__ = tuple(_EVENT_FIELDS)
-
-    seq: np.ndarray
-    time_ns: np.ndarray
-    kind: np.ndarray
-    via_allocator: np.ndarray
-    thread: np.ndarray
-    stream: np.ndarray
-    device: np.ndarray
-    addr: np.ndarray
-    size: np.ndarray
-    block: np.ndarray
-    stack: np.ndarray
-    arg: np.ndarray
-    op: np.ndarray
-
-    def __init__(self, **columns: np.ndarray):
-        for name, dtype in _EVENT_FIELDS.items():
-            setattr(self, name, np.asarray(columns.get(name, np.zeros(0, dtype)), dtype))
-
-    def __len__(self) -> int:
-        return len(self.seq)
-
-    def select(self, index: np.ndarray) -> "Events":
-        return Events(**{name: getattr(self, name)[index] for name in _EVENT_FIELDS})
-
-    def in_sequence_order(self) -> bool:
-        """Whether sequence numbers never decrease from one event to the next
-        (files the recorder writes; a hand-made one may differ)."""
-        return bool(len(self.seq) < 2 or (self.seq[1:] >= self.seq[:-1]).all())
-
-    def counts(self) -> dict[str, int]:
-        kinds, counts = np.unique(self.kind, return_counts=True)
-        return {F.kind_name(int(k)): int(c) for k, c in zip(kinds, counts, strict=True)}
-
+# Chunks a read from a checkpoint skips before its point: the events the
+# checkpoint stands for, the baselines it replaces, other checkpoints.
+_BEFORE_CHECKPOINT = (F.Chunk.EVENTS, F.Chunk.BASELINE, F.Chunk.CHECKPOINT)
 
 class Capture:
     """A loaded capture. See allocscope.load."""
@@ -171,11 +89,21 @@ class Capture:
         # footer's count (None without a footer).
         self.read_until_step: int | None = None
         self.events_in_file: int | None = None
+        # load(from_step=...) read from a checkpoint: its header (baseline
+        # left out: it is baseline("start")), with "prefix": how many of the
+        # events come from it (checkpoints.py). None: read from the start.
+        self.resumed: dict[str, Any] | None = None
 
     @property
     def partial(self) -> bool:
-        """True when load(through_step=...) left the events after some step unread."""
-        return self.read_until_step is not None
+        """True when load(through_step=...) left the events after some step
+        unread, or load(from_step=...) those before a checkpoint."""
+        return self.read_until_step is not None or self.resumed is not None
+
+    @property
+    def prefix_events(self) -> int:
+        """Events that a checkpoint put before the events read (0: none)."""
+        return int(self.resumed["prefix"]) if self.resumed else 0
 
     @property
     def complete(self) -> bool:
@@ -217,7 +145,7 @@ class Capture:
 
 
 def load(path: str | os.PathLike[str], *, salvage: bool = False, progress: bool | None = None,
-         through_step: int | None = None, engine: str = "auto") -> Capture:
+         through_step: int | None = None, from_step: int | None = None, engine: str = "auto") -> Capture:
     """Reads a capture file.
 
     Raises NotACaptureError, UnsupportedVersionError or CorruptCaptureError
@@ -230,20 +158,24 @@ def load(path: str | os.PathLike[str], *, salvage: bool = False, progress: bool 
     through_step + 2 starts, so that step through_step + 1, in which the last
     step's tensors are freed, is read whole. The rest of the file is not
     decoded; its footer is still found (Capture.events_in_file, .complete).
+    from_step: read only what optimizer steps from this one on need: from
+    the last checkpoint before it (docs/format.md, CHECKPOINT), if the file
+    has one (Capture.resumed says which); events before it are not decoded.
     engine: "auto" (the native decoder where allocscope._analysis is built),
     "native", or "numpy" (the reference decoder).
     """
     path = os.fspath(path)
-    if through_step is not None and through_step < 0:
-        raise InputError(f"through_step must be >= 0, not {through_step}")
+    for name, step in (("through_step", through_step), ("from_step", from_step)):
+        if step is not None and step < 0:
+            raise InputError(f"{name} must be >= 0, not {step}")
     try:
         with open(path, "rb") as f:
-            data = _map(f) if through_step is not None else f.read()
+            data = _map(f) if through_step is not None or from_step is not None else f.read()
     except IsADirectoryError:
         raise CaptureError(f"{path} is a directory, not a capture file") from None
     except OSError as e:
         raise CaptureError(f"cannot read {path}: {e.strerror or e}") from None
-    return _Decoder(path, data, salvage, progress, through_step, engine).run()
+    return _Decoder(path, data, salvage, progress, through_step, engine, from_step).run()
 
 
 def _map(f: Any) -> bytes | mmap.mmap:
@@ -256,11 +188,12 @@ def _map(f: Any) -> bytes | mmap.mmap:
 
 class _Decoder:
     def __init__(self, path: str, data: bytes | mmap.mmap, salvage: bool, progress: bool | None,
-                 through_step: int | None = None, engine: str = "auto"):
+                 through_step: int | None = None, engine: str = "auto", from_step: int | None = None):
         self.path = path
         self.data = memoryview(data)
         self.salvage = salvage
         self.through_step = through_step
+        self.resume = CK.choose(CK.find(self.data), from_step) if from_step is not None and len(data) else None
         self.engine = engine
         self.progress = Progress(f"loading {os.path.basename(path)}", len(data), enabled=progress)
         self.capture = Capture(path)
@@ -275,10 +208,12 @@ class _Decoder:
         # too: rows it never reaches are pages never written, which cost no
         # memory, where growing the columns as it reads copied every row
         # about twice (1.7 s of a 9.3M-event read).
-        expected = self._declared_events()
+        expected = self._declared_events() + (int(self.resume.header.get("live", 0)) * 4 if self.resume else 0)
         self.events = EventColumns(self.capture.version, expected, self.engine)
         try:
             for kind, payload, offset in self._chunks():
+                if self.resume is not None and offset == self.resume.tail_offset:
+                    self._resume()
                 try:
                     self._chunk(kind, payload)
                 except (ValueError, struct.error, IndexError, OverflowError) as e:  # FormatError is a ValueError
@@ -332,8 +267,15 @@ class _Decoder:
                 self.capture.warnings.append(
                     f"the file ends inside a chunk (byte {pos}, {length} bytes declared, {end - start} present)")
                 return
+            if self.resume is not None and pos < self.resume.tail_offset and kind in _BEFORE_CHECKPOINT:
+                pos = start + length  # what the checkpoint stands for: neither read nor checked
+                continue
             payload = self.data[start:start + length]
             if F.chunk_crc(kind, length, payload) != crc:
+                if kind == F.Chunk.CHECKPOINT:  # it repeats what precedes it: nothing is lost
+                    self.capture.warnings.append(f"the checkpoint at byte {pos} is damaged; skipped")
+                    pos = start + length
+                    continue
                 self._damaged(f"checksum mismatch in the chunk at byte {pos}")
                 return
             name = F.Chunk(kind).name.lower() if kind in F.Chunk._value2member_map_ else "unknown"
@@ -400,6 +342,16 @@ class _Decoder:
             c.footer = footer
         # Unknown chunk types are skipped: a newer writer may add some without
         # breaking older readers (docs/format.md, "Compatibility").
+
+    def _resume(self) -> None:
+        """Before the first events after the checkpoint's point: its events
+        and its baseline (docs/format.md, CHECKPOINT)."""
+        assert self.resume is not None and self.events is not None
+        block, seq = CK.retained(self.data, self.resume)
+        self.events.add(block, self._check_references, seq=seq)
+        self.capture.baselines.append(CK.baseline(self.resume))
+        self.capture.resumed = {k: v for k, v in self.resume.header.items() if k != "baseline"}
+        self.capture.resumed["prefix"] = len(seq)
 
     def _read_enough(self) -> bool:
         """Whether the last events block holds the start of step through_step + 2."""

@@ -75,7 +75,9 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(ranks, indent=1) if args.json else render_ranks(ranks, args.top))
         return 0
     # --steps reads only as far as the steps need (reader.load(through_step=)).
-    cap = load(files[0], through_step=args.steps[1] if args.steps is not None else None)
+    # --steps reads from the last checkpoint before them too, where the file has one.
+    first, last = args.steps if args.steps is not None else (None, None)
+    cap = load(files[0], through_step=last, from_step=first)
     report = build_report(cap, at=args.at, steps=args.steps, top=args.top)
     if args.json:
         print(json.dumps(report, indent=1))

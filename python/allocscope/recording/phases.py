@@ -29,6 +29,9 @@ class Phases:
     phase = "other"
     iteration = 0
     in_backward = False
+    # Called before each forward phase begins (the recording's
+    # checkpoint_if_due, set when a watch starts; session.py).
+    before_forward: Any = None
 
     @classmethod
     def add(cls, w: Any) -> None:
@@ -59,6 +62,8 @@ class Phases:
     def set_phase(cls, phase: str, *, force: bool = False) -> None:
         if phase != cls.phase or force:
             cls.phase = phase
+            if phase == "forward" and cls.before_forward is not None:
+                cls.before_forward()  # an iteration starts: where a report of its steps starts reading
             native().annotate(_PHASE, phase, cls.iteration, 0, False)
 
     @classmethod

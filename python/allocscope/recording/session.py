@@ -26,6 +26,10 @@ from ..common.native import native
 __all__ = ["AllocscopeError", "Recording", "mark", "record", "watch"]
 
 STACK_MODES = ("python", "none")
+# Events between checkpoints (docs/format.md, CHECKPOINT): a report of a late
+# step reads about this many events after the nearest one, and the file
+# grows by the live set and a baseline per checkpoint.
+CHECKPOINT_EVERY = 500_000
 
 
 class AllocscopeError(InputError, RuntimeError):
@@ -34,6 +38,7 @@ class AllocscopeError(InputError, RuntimeError):
 
 _lock = threading.Lock()
 _active: "Recording | None" = None
+_checkpoint_lock = threading.Lock()
 _atexit_registered = False
 
 
@@ -74,15 +79,19 @@ class Recording:
     """
 
     def __init__(self, path: str | os.PathLike[str], *, device: Any = None, stacks: str = "python",
-                 ops: bool = True, _check_cuda: bool = True):
+                 ops: bool = True, checkpoint_every: int = CHECKPOINT_EVERY, _check_cuda: bool = True):
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"path must be a str or os.PathLike, not {type(path).__name__}")
+        if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 0:
+            raise InputError(f"checkpoint_every must be a number of events >= 0 (0: none), not {checkpoint_every!r}")
         if stacks not in STACK_MODES:
             raise InputError(f"stacks must be one of {', '.join(map(repr, STACK_MODES))}, not {stacks!r}")
         _device_type(device)
         self.path = os.path.abspath(os.fspath(path))
         self.stacks = stacks
         self.ops = bool(ops)
+        self.checkpoint_every = checkpoint_every
+        self._next_checkpoint = checkpoint_every  # the event count at which the next one is due
         self._device = device
         self._check_cuda = _check_cuda  # False only for the no-GPU test harness
         self.devices: tuple[str, ...] = ()
@@ -114,7 +123,8 @@ class Recording:
                 raise AllocscopeError(f"allocscope is already recording to {where}; one recording at a time")
             metadata = self._metadata()
             try:
-                C.start(self.path, json.dumps(metadata), self.stacks == "python", self.ops)
+                C.start(self.path, json.dumps(metadata), self.stacks == "python", self.ops,
+                        self.checkpoint_every > 0)
             except RuntimeError as e:
                 raise AllocscopeError(str(e)) from None
             try:
@@ -134,6 +144,9 @@ class Recording:
             self._running = True
             self._pid = os.getpid()
             _active = self
+            from .phases import Phases
+
+            Phases.before_forward = checkpoint_if_due  # watches ask for checkpoints where iterations start
             if not _atexit_registered:
                 atexit.register(_stop_at_exit)
                 os.register_at_fork(after_in_child=_forget_in_child)
@@ -177,7 +190,39 @@ class Recording:
     def mark(self, label: str) -> None:
         """Writes a labelled event (with the caller's stack) into this recording."""
         if self._running:
+            self.checkpoint_if_due()
             native().annotate(int(EventKind.MARK), str(label), 0, 0, True)
+
+    def checkpoint_if_due(self) -> None:
+        """Asks the writer for a checkpoint (docs/format.md, CHECKPOINT) when
+        checkpoint_every events came since the last one. Called where a
+        report may want to start reading: before a mark, before each
+        forward phase of a watched model. The live set is the writer
+        thread's work; here only the allocator's state is taken (on CUDA a
+        snapshot, under its lock: the point is the SNAPSHOT event)."""
+        if not self._running or not self.checkpoint_every or native().next_seq() < self._next_checkpoint:
+            return
+        with _checkpoint_lock:  # the writer pairs each baseline with the point armed before it
+            self._checkpoint()
+
+    def _checkpoint(self) -> None:
+        C = native()
+        if C.next_seq() < self._next_checkpoint:  # another thread took it
+            return
+        cuda = "cuda" in self.devices and self._check_cuda
+        at = C.arm_checkpoint(cuda)
+        if at >= 1 << 63:  # this recording writes none
+            return
+        self._next_checkpoint = at + self.checkpoint_every
+        try:
+            if cuda:
+                base = _with_virtual_cards(C.cuda_baseline_json("checkpoint", *self._cuda_devices()))
+            else:
+                base = json.dumps({"label": "checkpoint", "device_type": "cpu", "seq": at,
+                                   "monotonic_ns": time.monotonic_ns(), "rss_bytes": _rss_bytes()})
+        except Exception:  # no checkpoint this time; the recording goes on
+            base = ""
+        C.checkpoint_baseline(base)
 
     def watch(self, model: Any, optimizer: Any = None, *, name: str | None = None) -> Any:
         """Annotates this recording with model's module scopes, phases and
@@ -332,19 +377,23 @@ class record(contextlib.ContextDecorator):
     ops: record the op behind every allocation (and give allocations in
     backward the Python stack of their forward op); it costs a little on
     every op, allocating or not.
+    checkpoint_every: events between checkpoints, from which `report
+    --steps`/`--at` read a late step of a long run without reading all
+    that precedes it (0: none).
 
     Used as a decorator, each call records anew into the same file.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, device: Any = None, stacks: str = "python",
-                 ops: bool = True):
-        self._args = (path, device, stacks, ops)
-        Recording(path, device=device, stacks=stacks, ops=ops)  # validate the arguments now
+                 ops: bool = True, checkpoint_every: int = CHECKPOINT_EVERY):
+        self._args = (path, device, stacks, ops, checkpoint_every)
+        # validate the arguments now
+        Recording(path, device=device, stacks=stacks, ops=ops, checkpoint_every=checkpoint_every)
         self._recordings: list[Recording] = []
 
     def __enter__(self) -> Recording:
-        path, device, stacks, ops = self._args
-        rec = Recording(path, device=device, stacks=stacks, ops=ops).start()
+        path, device, stacks, ops, every = self._args
+        rec = Recording(path, device=device, stacks=stacks, ops=ops, checkpoint_every=every).start()
         self._recordings.append(rec)
         return rec
 
@@ -363,7 +412,15 @@ def mark(label: str) -> bool:
     rec = _active
     if rec is None:
         return False
+    rec.checkpoint_if_due()
     return bool(native().annotate(int(EventKind.MARK), str(label), 0, 0, True))
+
+
+def checkpoint_if_due() -> None:
+    """Recording.checkpoint_if_due() on the active recording, if any."""
+    rec = _active
+    if rec is not None:
+        rec.checkpoint_if_due()
 
 
 def watch(model: Any, optimizer: Any = None, *, name: str | None = None) -> Any:

@@ -44,12 +44,13 @@ def block_rows(segments: list[SegmentInfo], att: Attribution | None) -> dict[int
     """{address: attribution row} of the busy blocks of replayed segments:
     by the event that allocated them (the block's event), or, for blocks
     from the start baseline (event -1), by address among the rows live from
-    the start."""
+    the start (read from a checkpoint: the rows live where it was taken)."""
     if att is None:
         return {}
     busy = [(b.address, b.event) for s in segments for b in s.blocks if b.active]
     by_event = att.rows_of([tag for _, tag in busy if tag >= 0])
-    pre_rows = np.flatnonzero(att.start < 0)
+    k = att.capture.prefix_events
+    pre_rows = np.flatnonzero((att.start < k) & (att.end >= k))
     pre = dict(zip(att.addr[pre_rows].tolist(), pre_rows.tolist(), strict=True))
     out = {}
     for addr, tag in busy:

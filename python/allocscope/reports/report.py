@@ -164,6 +164,9 @@ def build_report(cap: Capture, *, at: str | None = None, steps: tuple[int, int] 
     }
     if cap.partial:
         out["capture"]["partial"] = {"until_step": cap.read_until_step, "events_in_file": cap.events_in_file}
+    if cap.resumed:
+        out["capture"].setdefault("partial", {"until_step": None, "events_in_file": cap.events_in_file})
+        out["capture"]["partial"]["from_event"] = int(cap.resumed["events"])
     if steps is not None:
         out["steps"] = {"first": steps[0], "last": steps[1], "first_event": lo, "last_event": hi}
     focus = peak if at is None else find_mark(cap, at)
@@ -190,7 +193,35 @@ def build_report(cap: Capture, *, at: str | None = None, steps: tuple[int, int] 
         oom = oom_section(cap, att, an.replay, top=top)
         if oom is not None:
             out["oom"] = oom
+    if cap.resumed:
+        _number_as_in_file(out, cap)
     return out
+
+
+_EVENT_KEYS = ("event", "first_event", "last_event", "state_at", "replayed_until")
+
+
+def _number_as_in_file(node: Any, cap: Capture) -> None:
+    """A read from a checkpoint (load(from_step=...)) holds the events after
+    its point, after the few the checkpoint put back: the report numbers
+    the events after the point as the whole file does."""
+    prefix = cap.prefix_events
+    shift = int(cap.resumed["events"]) - prefix if cap.resumed else 0
+
+    def number(v: Any) -> Any:
+        return v + shift if isinstance(v, int) and not isinstance(v, bool) and v >= prefix else v
+
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k in _EVENT_KEYS and isinstance(v, list):
+                node[k] = [number(x) for x in v]
+            elif k in _EVENT_KEYS:
+                node[k] = number(v)
+            else:
+                _number_as_in_file(v, cap)
+    elif isinstance(node, list):
+        for v in node:
+            _number_as_in_file(v, cap)
 
 
 def render(r: dict[str, Any], top: int = 10) -> str:

@@ -1,0 +1,128 @@
+"""Reading a capture from a checkpoint (docs/format.md, CHECKPOINT).
+
+A CHECKPOINT chunk holds what the events before its point left behind that
+a report of later events needs: the allocations live there (with the labels,
+phase and module scope they were made in), the watches, the scopes open on
+each thread, and the allocator's state (a baseline). A reader that wants
+only steps after the point reads those, then the events from the point on,
+and skips the events before it undecoded.
+
+find() lists a file's checkpoints from the chunk headers (their JSON
+headers decoded, nothing else); choose() picks the one a read of steps
+first..last starts from; retained() decodes its events.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from . import format as F
+from .codec import decode_column, unzigzag
+from .format import FormatError
+
+__all__ = ["Checkpoint", "baseline", "choose", "find", "retained"]
+
+
+@dataclasses.dataclass
+class Checkpoint:
+    """One CHECKPOINT chunk: where it is, its header, and where the events
+    after its point start (the EVENTS chunk whose first event is `seq`)."""
+
+    offset: int  # of the chunk's header
+    length: int  # of its payload
+    crc: int
+    header: dict[str, Any]  # seq, events, iteration, marks, time_ns, live; baseline
+    tail_offset: int  # of the EVENTS chunk the events after the point start with
+
+    @property
+    def seq(self) -> int:
+        return int(self.header["seq"])
+
+    @property
+    def iteration(self) -> int:
+        return int(self.header.get("iteration", -1))
+
+
+def _header(payload: memoryview) -> tuple[dict[str, Any], int]:
+    """The JSON header of a CHECKPOINT payload, and where the events start."""
+    n, pos = F.read_varint(payload, 0)
+    if pos + n > len(payload):
+        raise FormatError("checkpoint header runs past the end of its chunk")
+    header = F.parse_json_object(payload[pos:pos + n], "checkpoint header")
+    for key in ("seq", "events", "iteration"):
+        if not isinstance(header.get(key), int):
+            raise FormatError(f"checkpoint header has no integer {key!r}")
+    if not isinstance(header.get("baseline"), dict):
+        raise FormatError("checkpoint header has no baseline object")
+    return header, pos + n
+
+
+def find(data: memoryview) -> list[Checkpoint]:
+    """The file's checkpoints, in file order, each with the events chunk its
+    point starts; a damaged one, or one whose events chunk is not in the
+    file (cut short), is left out: reading from the start still works."""
+    first_seq_at: dict[int, int] = {}  # first sequence number of an EVENTS chunk -> its offset
+    found: list[tuple[int, int, int]] = []
+    for kind, at, length, crc in F.chunk_headers(data, F.HEADER.size):
+        start = at + F.CHUNK_HEADER.size
+        if kind == F.Chunk.EVENTS:
+            try:
+                pos = F.read_varint(data[start:start + length], 0)[1]
+                first_seq_at.setdefault(F.read_varint(data[start:start + length], pos)[0], at)
+            except FormatError:
+                break
+        elif kind == F.Chunk.CHECKPOINT:
+            found.append((at, length, crc))
+    out = []
+    for at, length, crc in found:
+        payload = data[at + F.CHUNK_HEADER.size:at + F.CHUNK_HEADER.size + length]
+        if F.chunk_crc(F.Chunk.CHECKPOINT, length, payload) != crc:
+            continue
+        try:
+            header, _ = _header(payload)
+        except FormatError:
+            continue
+        tail = first_seq_at.get(int(header["seq"]))
+        if tail is not None:
+            out.append(Checkpoint(at, length, crc, header, tail))
+    return out
+
+
+def choose(checkpoints: list[Checkpoint], first_step: int) -> Checkpoint | None:
+    """The last checkpoint taken before iteration first_step began (the
+    iteration it saw last is earlier), or None."""
+    best = None
+    for c in checkpoints:
+        if c.iteration < first_step and (best is None or c.seq > best.seq):
+            best = c
+    return best
+
+
+def retained(data: memoryview, c: Checkpoint) -> tuple[memoryview, np.ndarray]:
+    """The checkpoint's events (an EVENTS payload, to decode as one) and their
+    sequence numbers."""
+    payload = data[c.offset + F.CHUNK_HEADER.size:c.offset + F.CHUNK_HEADER.size + c.length]
+    _, pos = _header(payload)
+    n, pos = F.read_varint(payload, pos)
+    if pos + n > len(payload):
+        raise FormatError("checkpoint events run past the end of its chunk")
+    block = payload[pos:pos + n]
+    count, _ = F.read_varint(block, 0)
+    if count > n:
+        raise FormatError("checkpoint event count is inconsistent with its size")
+    deltas, end = decode_column(payload, pos + n, count)
+    if end != len(payload):
+        raise FormatError("bytes left at the end of a checkpoint")
+    seq = np.cumsum(unzigzag(deltas.astype(np.uint64)).astype(np.int64)).astype(np.uint64)
+    return block, seq
+
+
+def baseline(c: Checkpoint) -> dict[str, Any]:
+    """Its baseline, labelled as the start of what a read from it holds."""
+    base = dict(c.header["baseline"])
+    base["checkpoint"] = base.get("label")
+    base["label"] = "start"
+    return base

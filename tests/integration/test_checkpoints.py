@@ -1,0 +1,217 @@
+"""Checkpoints (docs/format.md, CHECKPOINT), on real training loops recorded
+on the CPU and on the virtual GPU: a report of late steps read from the
+last checkpoint before them (load(from_step=...), `report --steps`) says
+what a whole read says; a whole read skips checkpoints; a file cut anywhere
+reads as it did without them; files without checkpoints read as before."""
+
+import json
+import os
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+import allocscope
+from allocscope.capture import format as F
+from allocscope.capture.reader import TruncatedCaptureWarning
+from allocscope.cli import main
+from allocscope.common.errors import InputError
+from allocscope.reports.report import build_report
+
+from ..conftest import DATA
+
+STEPS = 24
+EVERY = 1500  # events between checkpoints: several in a run of STEPS steps
+
+
+class Model(nn.Module):
+    """Attention, normalization, a recomputed (checkpointed) block and tied
+    weights: activations, backward scopes and labels of every kind."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(40, 32)
+        self.block = nn.TransformerEncoderLayer(32, 4, dim_feedforward=64, dropout=0.0, batch_first=True)
+        self.mlp = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32))
+        self.head = nn.Linear(32, 40, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, tokens):
+        h = self.block(self.embed(tokens))
+        h = h + checkpoint(self.mlp, h, use_reentrant=False)
+        return self.head(h)
+
+
+def train(path, device, every=EVERY):
+    torch.manual_seed(0)
+    model = Model().to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    kept = []  # outputs kept across steps: live at checkpoints, labelled by no watch
+    with allocscope.record(path, device=device, checkpoint_every=every) as rec:
+        rec.watch(model, opt)
+        for step in range(STEPS):
+            tokens = torch.randint(0, 40, (4, 16), device=device)
+            loss = model(tokens).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=step % 2 == 0)
+            kept.append(loss.detach())
+            if len(kept) > 5:
+                kept.pop(0)
+            if step % 4 == 1:
+                allocscope.mark(f"step {step}")
+    return path
+
+
+def chunks(data):
+    return [(kind, data[at:at + F.CHUNK_HEADER.size + length]) for kind, at, length, _ in
+            F.chunk_headers(data, F.HEADER.size)]
+
+
+def without_checkpoints(data):
+    return data[:F.HEADER.size] + b"".join(c for kind, c in chunks(data) if kind != F.Chunk.CHECKPOINT)
+
+
+# The allocator section's replay covers the events replayed: from a
+# checkpoint, those after it. The state at the steps' peak is compared.
+_REPLAYED = ("replay", "peak_reserved", "stats", "replayed_until", "timeline", "warnings")
+
+
+def comparable(report):
+    r = {k: v for k, v in report.items() if k not in ("capture", "warnings")}
+    if "allocator" in r:
+        r["allocator"] = {k: v for k, v in r["allocator"].items() if k not in _REPLAYED}
+    return r
+
+
+def assert_steps_read_from_checkpoints(path):
+    """For every two steps: read from the last checkpoint before them, the
+    report equals a whole read's, and read only as far as they need
+    (through_step, as report --steps reads), a read's from the start
+    that far. Returns the checkpoints read from."""
+    whole = allocscope.load(path)
+    used = set()
+    last = max(int(i["iteration"]) for i in build_report(whole)["iterations"])
+    for first in range(1, last):
+        steps = (first, first + 1)
+        part = allocscope.load(path, from_step=first)
+        got = build_report(part, steps=steps)
+        assert comparable(got) == comparable(build_report(whole, steps=steps)), first
+        short = allocscope.load(path, through_step=first + 1, from_step=first)
+        assert comparable(build_report(short, steps=steps)) == \
+            comparable(build_report(allocscope.load(path, through_step=first + 1), steps=steps)), first
+        if part.resumed:
+            used.add(part.resumed["seq"])
+            assert got["capture"]["partial"]["from_event"] == part.resumed["events"] > 0
+            assert len(short.events) <= len(part.events) < len(whole.events)
+    return used
+
+
+@pytest.fixture(scope="module")
+def cpu_run(tmp_path_factory):
+    return train(str(tmp_path_factory.mktemp("ck") / "cpu.alsc"), "cpu")
+
+
+def test_steps_read_from_a_checkpoint_say_what_a_whole_read_says(cpu_run):
+    with open(cpu_run, "rb") as f:
+        written = sum(kind == F.Chunk.CHECKPOINT for kind, _ in chunks(f.read()))
+    assert written >= 3
+    assert len(assert_steps_read_from_checkpoints(cpu_run)) >= 3  # every checkpoint served some step
+
+
+@pytest.mark.cuda
+def test_steps_read_from_a_checkpoint_on_the_virtual_gpu(tmp_path):
+    path = train(str(tmp_path / "cuda.alsc"), "cuda", every=800)
+    assert len(assert_steps_read_from_checkpoints(path)) >= 2
+    # The replay from a checkpoint starts from its baseline and follows the recording.
+    whole = allocscope.load(path)
+    last = max(int(i["iteration"]) for i in build_report(whole)["iterations"])
+    part = allocscope.load(path, from_step=last)
+    assert part.resumed and part.baseline("start")["checkpoint"] == "checkpoint"
+    r = build_report(part, steps=(last, last))
+    assert r["allocator"]["replay"]["exact"] and r["allocator"]["replay"]["recorded_segment_events"] >= 0
+
+
+def test_a_whole_read_skips_checkpoints(cpu_run):
+    with open(cpu_run, "rb") as f:
+        data = f.read()
+    stripped = cpu_run + ".stripped"
+    with open(stripped, "wb") as f:
+        f.write(without_checkpoints(data))
+    a, b = allocscope.load(cpu_run), allocscope.load(stripped)
+    assert a.resumed is None and len(a.events) == len(b.events)
+    for name in ("seq", "kind", "addr", "size", "stack", "op", "arg", "thread", "time_ns"):
+        assert np.array_equal(getattr(a.events, name), getattr(b.events, name)), name
+    assert a.baselines == b.baselines and a.footer == b.footer
+
+
+def test_a_file_cut_anywhere_reads_as_without_checkpoints(cpu_run, tmp_path):
+    with open(cpu_run, "rb") as f:
+        data = f.read()
+    parts = chunks(data)
+    ends = np.cumsum([F.HEADER.size] + [len(c) for _, c in parts])
+    checkpoints = [i for i, (kind, _) in enumerate(parts) if kind == F.Chunk.CHECKPOINT]
+    # Cut right after a checkpoint, inside the chunk after it, and in the middle of one.
+    cuts = [int(ends[checkpoints[1] + 1]), int(ends[checkpoints[1] + 1]) + 7, int(ends[len(parts) // 2]) - 3]
+    for cut in cuts:
+        path = str(tmp_path / f"cut{cut}.alsc")
+        with open(path, "wb") as f:
+            f.write(data[:cut])
+        with open(path + ".stripped", "wb") as f:
+            f.write(without_checkpoints(data[:cut]))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", TruncatedCaptureWarning)
+            cap, plain = allocscope.load(path), allocscope.load(path + ".stripped")
+            assert np.array_equal(cap.events.seq, plain.events.seq) and not cap.complete
+            steps = sorted({int(i["iteration"]) for i in build_report(cap)["iterations"]})
+            for first in steps[1:-1]:
+                part = allocscope.load(path, from_step=first)
+                assert comparable(build_report(part, steps=(first, first))) == \
+                    comparable(build_report(cap, steps=(first, first))), (cut, first)
+
+
+def test_a_damaged_checkpoint_is_not_read_from(cpu_run, tmp_path):
+    with open(cpu_run, "rb") as f:
+        data = bytearray(f.read())
+    parts = chunks(bytes(data))
+    ends = np.cumsum([F.HEADER.size] + [len(c) for _, c in parts])
+    for i, (kind, _) in enumerate(parts):
+        if kind == F.Chunk.CHECKPOINT:
+            data[int(ends[i]) + F.CHUNK_HEADER.size + 5] ^= 0xFF  # every checkpoint's header
+    path = str(tmp_path / "damaged.alsc")
+    with open(path, "wb") as f:
+        f.write(bytes(data))
+    with pytest.warns(TruncatedCaptureWarning, match="checkpoint at byte .* is damaged; skipped"):
+        part = allocscope.load(path, from_step=STEPS - 2)
+    assert part.resumed is None  # read from the start, as without checkpoints
+    assert comparable(build_report(part, steps=(STEPS - 2, STEPS - 2))) == \
+        comparable(build_report(allocscope.load(cpu_run), steps=(STEPS - 2, STEPS - 2)))
+
+
+@pytest.mark.parametrize("name", ["cpu_train_v1.alsc", "cpu_watch_v2.alsc"])
+def test_files_without_checkpoints_read_as_before(name):
+    path = os.path.join(DATA, name)
+    if not os.path.exists(path):
+        pytest.skip(f"{name} is not among the fixtures")
+    a = allocscope.load(path, from_step=1)
+    b = allocscope.load(path)
+    assert a.resumed is None and np.array_equal(a.events.seq, b.events.seq)
+
+
+def test_report_steps_reads_from_a_checkpoint(cpu_run, capsys):
+    assert main(["report", cpu_run, "--steps", str(STEPS - 3), "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["capture"]["partial"]["from_event"] > 0
+    assert [i["iteration"] for i in r["iterations"]] == [STEPS - 3]
+
+
+def test_checkpoints_can_be_turned_off(tmp_path):
+    path = train(str(tmp_path / "off.alsc"), "cpu", every=0)
+    with open(path, "rb") as f:
+        assert not any(kind == F.Chunk.CHECKPOINT for kind, _ in chunks(f.read()))
+    for bad in (-1, 1.5, True, "10"):
+        with pytest.raises((InputError, TypeError)):
+            allocscope.record(str(tmp_path / "x.alsc"), checkpoint_every=bad)
