@@ -9,6 +9,8 @@ ResNet-style CNN. Modes, interleaved over rounds (median reported):
   allocscope-watch  allocscope, Python stacks, ops, and rec.watch(model, optimizer)
   allocscope-watch-noops  the same without op recording (backward scopes from
                     Python hooks on autograd nodes instead of the op callback)
+  allocscope-watch-nocheckpoints  allocscope-watch with checkpoint_every=0: the
+                    writer thread does not follow the live set (what checkpoints cost)
   torch-history     torch.cuda.memory._record_memory_history(stacks="python") (CUDA only)
   torch-history-cpp the same with stacks="all": Python and C++ stacks, the C++ ones unwound at every
                     allocation by torch's own DWARF unwinder (torch::unwind) (CUDA only). Its cost over
@@ -33,6 +35,7 @@ import torch
 from torch import nn
 
 import allocscope
+from allocscope.recording.session import CHECKPOINT_EVERY
 from _common import emit, environment, on_virtual_gpu
 
 
@@ -131,7 +134,8 @@ def timed(mode, model, opt, make_input, loss_fn, steps, device, path, snapshot_p
         return t, None
     stacks = "none" if mode == "allocscope-none" else "python"
     ops = mode not in ("allocscope-noops", "allocscope-watch-noops")
-    with allocscope.record(path, device=device, stacks=stacks, ops=ops) as rec:
+    every = 0 if mode == "allocscope-watch-nocheckpoints" else CHECKPOINT_EVERY
+    with allocscope.record(path, device=device, stacks=stacks, ops=ops, checkpoint_every=every) as rec:
         if mode.startswith("allocscope-watch"):
             rec.watch(model, opt)
         t = run_steps(model, opt, make_input, loss_fn, steps, device)
@@ -152,7 +156,7 @@ def main():
     tmp = tempfile.mkdtemp()
     path = os.path.join(tmp, "step.alsc")
     modes = ["off", "allocscope-none", "allocscope-noops", "allocscope-python", "allocscope-watch",
-             "allocscope-watch-noops"]
+             "allocscope-watch-noops", "allocscope-watch-nocheckpoints"]
     modes += ["torch-history", "torch-history-cpp"] if args.device == "cuda" else []
     results = {}
     for name, (model, make_input, loss_fn, config) in workloads(args.device, args.small).items():
@@ -187,6 +191,13 @@ def main():
             "watch_over_recording_noops_pct": round(
                 100 * (med["allocscope-watch-noops"] / med["allocscope-noops"] - 1), 2),
             "ops_over_stacks_pct": round(100 * (med["allocscope-python"] / med["allocscope-noops"] - 1), 2),
+            "checkpoints_over_watch_pct": round(
+                100 * (med["allocscope-watch"] / med["allocscope-watch-nocheckpoints"] - 1), 2),
+            **({"recording_over_torch": round((med["allocscope-python"] - med["off"])
+                                              / (med["torch-history"] - med["off"]), 2),
+                "watch_over_recording_overhead": round((med["allocscope-watch"] - med["off"])
+                                                       / (med["allocscope-python"] - med["off"]), 2)}
+               if "torch-history" in med else {}),
             # per step: what op recording adds to allocscope, and what C++ stacks add to torch's recorder
             "ops_ms_per_step": round((med["allocscope-python"] - med["allocscope-noops"]) * 1e3, 3),
             **({"cpp_stacks_ms_per_step": round((med["torch-history-cpp"] - med["torch-history"]) * 1e3, 3)}

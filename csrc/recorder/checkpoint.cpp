@@ -171,8 +171,21 @@ void Checkpointer::baseline(std::string json) {
   }
 }
 
+void LiveSet::forget_old_phases() {
+  // No later checkpoint needs a phase before the one the oldest live
+  // allocation was made in: a long run's phases do not pile up.
+  uint64_t oldest = UINT64_MAX;
+  for (const auto& [addr, row] : rows_) oldest = std::min(oldest, row.seq);
+  auto it = std::upper_bound(phases_.begin(), phases_.end(), oldest,
+                             [](uint64_t s, const std::pair<uint64_t, RawEvent>& p) { return s < p.first; });
+  if (it == phases_.begin()) return;
+  --it;  // the phase the oldest was made in stays (and the last one, which is at or after it)
+  phases_.erase(phases_.begin(), it);
+}
+
 void Checkpointer::take(Point& p, uint64_t tail_seq, int64_t time, uint64_t events_before) {
   live_.retained(tail_seq, time, &p.events, &p.seqs);
+  live_.forget_old_phases();
   JsonWriter j;
   j.begin_object().field("seq", tail_seq).field("events", events_before).field("iteration", live_.iteration());
   j.field("time_ns", time).field("live", static_cast<uint64_t>(live_.live_rows()));

@@ -36,6 +36,8 @@ class LiveSet {
   int64_t iteration() const { return iteration_; }
   // The labels (string ids) of the MARK events since the last call.
   std::vector<uint64_t> take_marks();
+  // After a checkpoint: drops the phases no later one can need.
+  void forget_old_phases();
   size_t live_rows() const { return rows_.size(); }
   void clear();
 
