@@ -27,6 +27,16 @@ STEPS = 24
 EVERY = 1500  # events between checkpoints: several in a run of STEPS steps
 
 
+class Marker(nn.Module):
+    """Marks where it runs: checkpoints are taken before marks, so some are
+    taken with module scopes open, forward ones and (the recomputation of
+    a checkpointed block runs in backward) backward ones."""
+
+    def forward(self, x):
+        allocscope.mark("inside")
+        return x
+
+
 class Model(nn.Module):
     """Attention, normalization, a recomputed (checkpointed) block and tied
     weights: activations, backward scopes and labels of every kind."""
@@ -35,7 +45,7 @@ class Model(nn.Module):
         super().__init__()
         self.embed = nn.Embedding(40, 32)
         self.block = nn.TransformerEncoderLayer(32, 4, dim_feedforward=64, dropout=0.0, batch_first=True)
-        self.mlp = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32))
+        self.mlp = nn.Sequential(nn.Linear(32, 64), Marker(), nn.GELU(), nn.Linear(64, 32))
         self.head = nn.Linear(32, 40, bias=False)
         self.head.weight = self.embed.weight
 
@@ -120,6 +130,35 @@ def test_steps_read_from_a_checkpoint_say_what_a_whole_read_says(cpu_run):
         written = sum(kind == F.Chunk.CHECKPOINT for kind, _ in chunks(f.read()))
     assert written >= 3
     assert len(assert_steps_read_from_checkpoints(cpu_run)) >= 3  # every checkpoint served some step
+
+
+def open_scopes(path):
+    """Per checkpoint, the module scopes it put back open: (name, backward)."""
+    from allocscope.capture import checkpoints
+    from allocscope.capture.decode import EventColumns
+
+    cap = allocscope.load(path)
+    with open(path, "rb") as f:
+        data = memoryview(f.read())
+    out = []
+    for c in checkpoints.find(data):
+        block, seq = checkpoints.retained(data, c)
+        cols = EventColumns(cap.version, 0, "numpy").add(block)
+        at = (seq == c.seq) & ((cols["kind"] & F.KIND_MASK) == F.EventKind.MODULE_ENTER)
+        out.append([(cap.strings[int(a)], bool(f & F.MODULE_BACKWARD))
+                    for a, f in zip(cols["arg"][at].tolist(), cols["addr"][at].tolist(), strict=True)])
+    return out
+
+
+def test_checkpoints_taken_inside_forward_and_backward(tmp_path):
+    # A checkpoint at every chance: before each forward and each mark, so
+    # also inside the model's forward and inside the recomputation of its
+    # checkpointed block, in backward, with those scopes open.
+    path = train(str(tmp_path / "every.alsc"), "cpu", every=1)
+    scopes = open_scopes(path)
+    assert any(s and not any(b for _, b in s) for s in scopes)  # forward scopes open
+    assert any(any(b for _, b in s) for s in scopes)  # backward ones
+    assert len(assert_steps_read_from_checkpoints(path)) >= STEPS - 3
 
 
 @pytest.mark.cuda
