@@ -254,3 +254,25 @@ def test_checkpoints_can_be_turned_off(tmp_path):
     for bad in (-1, 1.5, True, "10"):
         with pytest.raises((InputError, TypeError)):
             allocscope.record(str(tmp_path / "x.alsc"), checkpoint_every=bad)
+
+
+def test_a_forged_checkpoint_is_a_one_line_error(cpu_run, tmp_path):
+    # A checkpoint whose checksum holds but whose events do not parse: the
+    # read from it fails as damage (CorruptCaptureError), never otherwise.
+    from allocscope.capture import checkpoints
+    from allocscope.capture.reader import CorruptCaptureError
+
+    with open(cpu_run, "rb") as f:
+        data = bytearray(f.read())
+    c = checkpoints.find(memoryview(bytes(data)))[-1]
+    start = c.offset + F.CHUNK_HEADER.size
+    payload = bytes(data[start:start + c.length])
+    n, pos = F.read_varint(payload, 0)
+    forged = payload[:pos + n] + F.varint(10**6) + payload[pos + n + 1:]  # an events block longer than the chunk
+    data[c.offset:start + c.length] = F.chunk(F.Chunk.CHECKPOINT, forged)
+    path = str(tmp_path / "forged.alsc")
+    with open(path, "wb") as f:
+        f.write(bytes(data))
+    with pytest.raises(CorruptCaptureError, match="invalid"):
+        allocscope.load(path, from_step=c.iteration + 1)
+    assert main(["report", path, "--steps", str(c.iteration + 1)]) != 0

@@ -212,9 +212,9 @@ class _Decoder:
         self.events = EventColumns(self.capture.version, expected, self.engine)
         try:
             for kind, payload, offset in self._chunks():
-                if self.resume is not None and offset == self.resume.tail_offset:
-                    self._resume()
                 try:
+                    if self.resume is not None and offset == self.resume.tail_offset:
+                        self._resume()
                     self._chunk(kind, payload)
                 except (ValueError, struct.error, IndexError, OverflowError) as e:  # FormatError is a ValueError
                     self._damaged(f"chunk at byte {offset} is invalid: {e}")
