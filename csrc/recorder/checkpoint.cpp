@@ -66,6 +66,12 @@ void LiveSet::apply(const RawEvent& ev, uint64_t seq) {
     case kMark:
       marks_.push_back(ev.arg);
       return;
+    case kPoolBegin:
+    case kPoolEnd:
+    case kPoolRelease:
+    case kPoolAlloc:
+      private_pools_ = true;
+      return;
     default:
       return;
   }
@@ -153,6 +159,7 @@ void LiveSet::clear() {
   walk_.clear();
   marks_.clear();
   iteration_ = -1;
+  private_pools_ = false;
 }
 
 void Checkpointer::arm(uint64_t seq, bool at_snapshot) {
@@ -189,6 +196,7 @@ void Checkpointer::take(Point& p, uint64_t tail_seq, int64_t time, uint64_t even
   JsonWriter j;
   j.begin_object().field("seq", tail_seq).field("events", events_before).field("iteration", live_.iteration());
   j.field("time_ns", time).field("live", static_cast<uint64_t>(live_.live_rows()));
+  j.field("private_pools", live_.private_pools());
   j.key("marks").begin_array();
   for (uint64_t id : live_.take_marks()) {
     j.value(id < tables_->strings.size() ? std::string(tables_->strings[static_cast<size_t>(id)]) : std::string("?"));

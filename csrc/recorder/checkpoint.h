@@ -39,6 +39,9 @@ class LiveSet {
   // After a checkpoint: drops the phases no later one can need.
   void forget_old_phases();
   size_t live_rows() const { return rows_.size(); }
+  // Whether a private memory pool (CUDA graphs, MemPool) was used: which
+  // pools route which allocations is not part of a checkpoint.
+  bool private_pools() const { return private_pools_; }
   void clear();
 
  private:
@@ -58,6 +61,7 @@ class LiveSet {
   format::ScopeWalk walk_;
   std::vector<uint64_t> marks_;
   int64_t iteration_ = -1;
+  bool private_pools_ = false;
 };
 
 class Writer;

@@ -276,3 +276,35 @@ def test_a_forged_checkpoint_is_a_one_line_error(cpu_run, tmp_path):
     with pytest.raises(CorruptCaptureError, match="invalid"):
         allocscope.load(path, from_step=c.iteration + 1)
     assert main(["report", path, "--steps", str(c.iteration + 1)]) != 0
+
+
+@pytest.mark.cuda
+def test_no_read_starts_from_a_checkpoint_taken_after_private_pools_were_used(tmp_path):
+    # Which private pool serves which allocation is not in a checkpoint:
+    # reads start from one taken before any was used, or from the start.
+    path = str(tmp_path / "pools.alsc")
+    torch.manual_seed(0)
+    model = Model().cuda()
+    opt = torch.optim.AdamW(model.parameters())
+    pool = torch.cuda.MemPool()
+    with allocscope.record(path, device="cuda", checkpoint_every=400) as rec:
+        rec.watch(model, opt)
+        for step in range(10):
+            if step == 4:
+                with torch.cuda.use_mem_pool(pool):
+                    kept = torch.ones(1 << 20, device="cuda")  # noqa: F841 (live from here on)
+            model(torch.randint(0, 40, (4, 16), device="cuda")).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+    with open(path, "rb") as f:
+        data = memoryview(f.read())
+    from allocscope.capture import checkpoints
+
+    flags = [c.header["private_pools"] for c in checkpoints.find(data)]
+    assert False in flags and True in flags
+    whole = allocscope.load(path)
+    for first in range(1, 9):
+        part = allocscope.load(path, from_step=first)
+        assert part.resumed is None or not part.resumed["private_pools"]
+        assert comparable(build_report(part, steps=(first, first))) == \
+            comparable(build_report(whole, steps=(first, first))), first

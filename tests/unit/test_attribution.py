@@ -233,3 +233,25 @@ def test_a_capture_without_watch_is_all_other(tmp_path):
 ])
 def test_round_size(size, divisions, expected):
     assert int(round_sizes(np.array([size]), divisions)[0]) == expected
+
+
+def test_an_allocation_sequenced_just_after_the_start_snapshot_is_one_row(tmp_path):
+    """Another thread's allocation, completed in the caching allocator just
+    before the baseline's snapshot and sequenced just after it: the
+    baseline holds its block and its ALLOC comes first at that address
+    (docs/format.md, BASELINE). One row, not two; a block the recording
+    frees first stays memory from before recording."""
+    seg = 0x7F0000000000
+    b = CaptureWriter({"devices_recorded": ["cuda"]}, device=0)
+    b.baseline({"label": "start", "device_type": "cuda", "seq": 0, "config": {"roundup_power2_divisions": []},
+                "segments": [{"device": 0, "address": seg, "total_size": 2 * MiB, "stream": 0,
+                              "blocks": [[1024, 1000, True, True], [1024, 600, True, True],
+                                         [2 * MiB - 2048, 0, False, False]]}]})
+    b.alloc(seg, 1000)  # the block at seg: this allocation, sequenced after the snapshot
+    b.free(seg + 1024)  # older memory, freed
+    b.alloc(seg + 1024, 700)
+    cap = allocscope.load(b.write(tmp_path / "race.alsc"))
+    att = attribute(cap)
+    at_end = att.live(len(cap.events) - 1)
+    assert sorted(zip(att.addr[at_end].tolist(), att.size[at_end].tolist())) == [(seg, 1000), (seg + 1024, 700)]
+    assert att.rows == 3 and int(np.count_nonzero(att.start < 0)) == 1  # the older block at seg + 1024

@@ -40,7 +40,7 @@ from ..allocator.segments import baseline_blocks
 from ..allocator.sizes import round_sizes
 from ..capture.format import MODULE_LEAF, TENSOR_LABELS, EventKind
 from ..capture.reader import Capture
-from .lifetimes import lifetimes
+from .lifetimes import allocated_first, lifetimes
 from .resumed import put_back
 from ..common.native import analysis_for
 from .workspaces import cublas_workspaces, library_workspaces
@@ -423,6 +423,10 @@ def attribute(cap: Capture, block_sizes: np.ndarray | None = None) -> Attributio
         if cap.prefix_events:  # read from a checkpoint: its rows, then memory from before recording
             held = put_back(cap, *(rows.parts[c][0] for c in ("addr", "start", "end", "block")), dict(pre))
             pre = [(a, b) for a, b in pre if a not in held]
+        # A block whose first event is its ALLOC is that allocation (one row).
+        same = allocated_first(rows.parts["addr"][0], rows.parts["start"][0], rows.unmatched_frees_at,
+                               [a for a, _ in pre])
+        pre = [(a, b) for a, b in pre if a not in same]
         rows.add_older([a for a, _ in pre], [r for _, (_, r, _) in pre], [b for _, (b, _, _) in pre],
                        [rows.free_after(a, -1) for a, _ in pre], [d for _, (_, _, d) in pre])
     label_idx = np.flatnonzero(np.isin(ev.kind, [int(k) for k in TENSOR_LABELS]))

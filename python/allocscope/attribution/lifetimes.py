@@ -10,7 +10,7 @@ from ..capture.format import EventKind
 from ..capture.reader import Events
 from ..common.native import analysis_for
 
-__all__ = ["Lifetimes", "lifetimes", "live_bytes"]
+__all__ = ["Lifetimes", "allocated_first", "lifetimes", "live_bytes"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,3 +79,22 @@ def live_bytes(events: Events, lt: Lifetimes | None = None) -> np.ndarray:
     freed = lt.free >= 0
     np.add.at(delta, lt.free[freed], -sizes[freed])
     return np.cumsum(delta)
+
+
+def allocated_first(alloc_addr: np.ndarray, alloc_start: np.ndarray, unmatched_frees: dict[int, list[int]],
+                    addresses: list[int]) -> set[int]:
+    """Of these addresses (blocks a baseline holds), those whose first event
+    is an ALLOC, not a FREE: an allocation another thread completed in the
+    caching allocator just before the baseline's snapshot, sequenced just
+    after it (docs/format.md, BASELINE), which the baseline already holds.
+    alloc_addr/alloc_start: each recorded ALLOC's address and event, in
+    event order; unmatched_frees: address -> FREEs of older memory."""
+    if not addresses or not len(alloc_addr):
+        return set()
+    wanted = np.unique(np.asarray(addresses, np.uint64))
+    pos = np.minimum(np.searchsorted(wanted, alloc_addr), len(wanted) - 1)
+    hit = np.flatnonzero(wanted[pos] == alloc_addr)
+    first: dict[int, int] = {}
+    for a, e in zip(alloc_addr[hit].tolist(), alloc_start[hit].tolist(), strict=True):
+        first.setdefault(int(a), int(e))  # in event order: the first ALLOC there
+    return {a for a, e in first.items() if not unmatched_frees.get(a) or unmatched_frees[a][0] > e}

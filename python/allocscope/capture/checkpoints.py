@@ -93,9 +93,14 @@ def find(data: memoryview) -> list[Checkpoint]:
 
 def choose(checkpoints: list[Checkpoint], first_step: int) -> Checkpoint | None:
     """The last checkpoint taken before iteration first_step began (the
-    iteration it saw last is earlier), or None."""
+    iteration it saw last is earlier), or None. Not one taken after private
+    memory pools were used (CUDA graphs, MemPool): which pool serves which
+    allocation is not in a checkpoint, so the replay would go astray; such
+    reads start at the beginning."""
     best = None
     for c in checkpoints:
+        if c.header.get("private_pools"):
+            continue
         if c.iteration < first_step and (best is None or c.seq > best.seq):
             best = c
     return best
