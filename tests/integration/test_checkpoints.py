@@ -162,8 +162,21 @@ def test_checkpoints_taken_inside_forward_and_backward(tmp_path):
 
 
 @pytest.mark.cuda
-def test_steps_read_from_a_checkpoint_on_the_virtual_gpu(tmp_path):
-    path = train(str(tmp_path / "cuda.alsc"), "cuda", every=800)
+@pytest.mark.parametrize("settings", [None, "expandable_segments:True"])
+def test_steps_read_from_a_checkpoint_on_the_virtual_gpu(tmp_path, settings):
+    def set_allocator(text):
+        with warnings.catch_warnings():  # the name torch 2.14 deprecates, which 2.11 has
+            warnings.simplefilter("ignore", FutureWarning)
+            torch.cuda.memory._set_allocator_settings(text)
+
+    if settings:
+        set_allocator(settings)
+    try:
+        path = train(str(tmp_path / "cuda.alsc"), "cuda", every=800)
+    finally:
+        if settings:
+            torch.cuda.empty_cache()
+            set_allocator("expandable_segments:False")
     assert len(assert_steps_read_from_checkpoints(path)) >= 2
     # The replay from a checkpoint starts from its baseline and follows the recording.
     whole = allocscope.load(path)
