@@ -4,6 +4,7 @@ last checkpoint before them (load(from_step=...), `report --steps`) says
 what a whole read says; a whole read skips checkpoints; a file cut anywhere
 reads as it did without them; files without checkpoints read as before."""
 
+import gc
 import json
 import os
 import warnings
@@ -305,10 +306,15 @@ def test_no_read_starts_from_a_checkpoint_taken_after_private_pools_were_used(tm
         for step in range(10):
             if step == 4:
                 with torch.cuda.use_mem_pool(pool):
-                    kept = torch.ones(1 << 20, device="cuda")  # noqa: F841 (live from here on)
+                    kept = torch.ones(1 << 20, device="cuda")  # live from here on
             model(torch.randint(0, 40, (4, 16), device="cuda")).square().mean().backward()
             opt.step()
             opt.zero_grad()
+    # The pool's segments must not outlive this test: later tests' start
+    # baselines would hold a released pool's segments.
+    del kept, pool, model, opt
+    gc.collect()
+    torch.cuda.empty_cache()
     with open(path, "rb") as f:
         data = memoryview(f.read())
     from allocscope.capture import checkpoints
@@ -321,3 +327,28 @@ def test_no_read_starts_from_a_checkpoint_taken_after_private_pools_were_used(tm
         assert part.resumed is None or not part.resumed["private_pools"]
         assert comparable(build_report(part, steps=(first, first))) == \
             comparable(build_report(whole, steps=(first, first))), first
+
+
+@pytest.mark.cuda
+def test_a_mark_inside_a_cuda_graph_capture_takes_no_checkpoint(tmp_path):
+    # A checkpoint queries the device: inside a capture it would break it.
+    from allocscope.capture import checkpoints
+
+    path = str(tmp_path / "graph.alsc")
+    x = torch.ones(1 << 16, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with allocscope.record(path, device="cuda", checkpoint_every=1):
+        allocscope.mark("before")
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            x * 2  # warm up on a side stream, as torch.cuda.graph asks
+        torch.cuda.current_stream().wait_stream(side)
+        with torch.cuda.graph(graph):  # (a device query inside would end the capture with an error)
+            x * 2
+            allocscope.mark("inside")
+        graph.replay()
+        allocscope.mark("after")
+    with open(path, "rb") as f:
+        marks = [c.header["marks"] for c in checkpoints.find(memoryview(f.read()))]
+    assert marks == [[], ["before", "inside"]]

@@ -210,19 +210,26 @@ class Recording:
         if C.next_seq() < self._next_checkpoint:  # another thread took it
             return
         cuda = "cuda" in self.devices and self._check_cuda
+        if cuda:
+            import torch
+
+            if torch.cuda.is_current_stream_capturing():  # no device queries inside a CUDA graph's capture
+                return
         at = C.arm_checkpoint(cuda)
         if at >= 1 << 63:  # this recording writes none
             return
         self._next_checkpoint = at + self.checkpoint_every
+        base = ""  # "": no checkpoint this time
         try:
             if cuda:
                 base = _with_virtual_cards(C.cuda_baseline_json("checkpoint", *self._cuda_devices()))
             else:
                 base = json.dumps({"label": "checkpoint", "device_type": "cpu", "seq": at,
                                    "monotonic_ns": time.monotonic_ns(), "rss_bytes": _rss_bytes()})
-        except Exception:  # no checkpoint this time; the recording goes on
+        except Exception:  # the recording goes on without it
             base = ""
-        C.checkpoint_baseline(base)
+        finally:  # always: the writer holds later checkpoints until this one's baseline comes
+            C.checkpoint_baseline(base)
 
     def watch(self, model: Any, optimizer: Any = None, *, name: str | None = None) -> Any:
         """Annotates this recording with model's module scopes, phases and
@@ -378,8 +385,8 @@ class record(contextlib.ContextDecorator):
     backward the Python stack of their forward op); it costs a little on
     every op, allocating or not.
     checkpoint_every: events between checkpoints, from which `report
-    --steps`/`--at` read a late step of a long run without reading all
-    that precedes it (0: none).
+    --steps` reads a late step of a long run without reading all that
+    precedes it (0: none).
 
     Used as a decorator, each call records anew into the same file.
     """
