@@ -28,6 +28,19 @@ STEPS = 24
 EVERY = 1500  # events between checkpoints: several in a run of STEPS steps
 
 
+@pytest.fixture(autouse=True)
+def no_cached_segments_left():
+    """Tests here use private pools (a MemPool, a CUDA graph): their
+    segments stay cached after the pool is gone, and a later test's start
+    baseline would hold them (the replay cannot tell such a pool was
+    released)."""
+    yield
+    if torch.cuda.is_available():
+        gc.collect()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
 class Marker(nn.Module):
     """Marks where it runs: checkpoints are taken before marks, so some are
     taken with module scopes open, forward ones and (the recomputation of
@@ -310,11 +323,7 @@ def test_no_read_starts_from_a_checkpoint_taken_after_private_pools_were_used(tm
             model(torch.randint(0, 40, (4, 16), device="cuda")).square().mean().backward()
             opt.step()
             opt.zero_grad()
-    # The pool's segments must not outlive this test: later tests' start
-    # baselines would hold a released pool's segments.
-    del kept, pool, model, opt
-    gc.collect()
-    torch.cuda.empty_cache()
+    del kept, pool  # (its segments go when the test ends: no_cached_segments_left)
     with open(path, "rb") as f:
         data = memoryview(f.read())
     from allocscope.capture import checkpoints
