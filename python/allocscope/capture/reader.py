@@ -64,6 +64,7 @@ class TruncatedCaptureWarning(UserWarning):
 # checkpoint stands for, the baselines it replaces, other checkpoints.
 _BEFORE_CHECKPOINT = (F.Chunk.EVENTS, F.Chunk.BASELINE, F.Chunk.CHECKPOINT)
 
+
 class Capture:
     """A loaded capture. See allocscope.load."""
 
@@ -208,7 +209,8 @@ class _Decoder:
         # too: rows it never reaches are pages never written, which cost no
         # memory, where growing the columns as it reads copied every row
         # about twice (1.7 s of a 9.3M-event read).
-        expected = self._declared_events() + (int(self.resume.header.get("live", 0)) * 4 if self.resume else 0)
+        # (a checkpoint's events: at most one per byte of it, as in any events block)
+        expected = self._declared_events() + (self.resume.length if self.resume else 0)
         self.events = EventColumns(self.capture.version, expected, self.engine)
         try:
             for kind, payload, offset in self._chunks():
