@@ -13,7 +13,7 @@ namespace allocscope {
 using namespace format;
 
 void LiveSet::add_label(Labels* labels, uint64_t seq, const RawEvent& ev) {
-  // A repeated label (the same kind and name) cannot change which label of
+  // A repeated label (the same kind, name and size) cannot change which label of
   // a row wins (attribution/categories.py: the first of equal priority):
   // keeping one bounds a long-lived row's labels.
   for (const auto& [s, have] : *labels)
@@ -92,9 +92,7 @@ void LiveSet::retained(uint64_t point_seq, int64_t point_time, std::vector<RawEv
   std::vector<bool> keep(phases_.size(), false);
   if (!phases_.empty()) keep.back() = true;
   auto phase_of = [&](uint64_t seq) {
-    auto it = std::upper_bound(phases_.begin(), phases_.end(), seq,
-                               [](uint64_t s, const std::pair<uint64_t, RawEvent>& p) { return s < p.first; });
-    size_t k = static_cast<size_t>(it - phases_.begin());
+    size_t k = phases_after(seq);
     if (k > 0) keep[k - 1] = true;
     if (k < phases_.size()) keep[k] = true;
   };
@@ -183,11 +181,16 @@ void LiveSet::forget_old_phases() {
   // allocation was made in: a long run's phases do not pile up.
   uint64_t oldest = UINT64_MAX;
   for (const auto& [addr, row] : rows_) oldest = std::min(oldest, row.seq);
-  auto it = std::upper_bound(phases_.begin(), phases_.end(), oldest,
+  size_t k = phases_after(oldest);
+  if (k == 0) return;
+  // the phase the oldest was made in stays (and the last one, which is at or after it)
+  phases_.erase(phases_.begin(), phases_.begin() + static_cast<std::ptrdiff_t>(k - 1));
+}
+
+size_t LiveSet::phases_after(uint64_t seq) const {
+  auto it = std::upper_bound(phases_.begin(), phases_.end(), seq,
                              [](uint64_t s, const std::pair<uint64_t, RawEvent>& p) { return s < p.first; });
-  if (it == phases_.begin()) return;
-  --it;  // the phase the oldest was made in stays (and the last one, which is at or after it)
-  phases_.erase(phases_.begin(), it);
+  return static_cast<size_t>(it - phases_.begin());
 }
 
 void Checkpointer::take(Point& p, uint64_t tail_seq, int64_t time, uint64_t events_before) {

@@ -53,6 +53,9 @@ class LiveSet {
     Labels labels;        // at most one per (kind, name)
   };
   static void add_label(Labels* labels, uint64_t seq, const RawEvent& ev);
+  // The index of the first PHASE event after seq (the one before it, if
+  // any, is the phase an event at seq was made in).
+  size_t phases_after(uint64_t seq) const;
 
   const InternTables* tables_;
   std::unordered_map<uint64_t, Row> rows_;        // live allocations by address

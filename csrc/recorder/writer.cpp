@@ -224,9 +224,7 @@ void Writer::write_checkpoint(const std::string& header_json, const std::vector<
   values_.resize(seqs.size());
   for (size_t i = 0; i < seqs.size(); ++i)
     values_[i] = zigzag(static_cast<int64_t>(seqs[i] - (i ? seqs[i - 1] : 0)));
-  std::vector<uint64_t> deltas;
-  deltas.swap(values_);
-  encode_column(deltas, &payload_);
+  encode_column(values_, &payload_);
   write_chunk(kChunkCheckpoint, payload_);
 }
 

@@ -198,7 +198,7 @@ def test_steps_read_from_a_checkpoint_on_the_virtual_gpu(tmp_path, settings):
     part = allocscope.load(path, from_step=last)
     assert part.resumed and part.baseline("start")["checkpoint"] == "checkpoint"
     r = build_report(part, steps=(last, last))
-    assert r["allocator"]["replay"]["exact"] and r["allocator"]["replay"]["recorded_segment_events"] >= 0
+    assert r["allocator"]["replay"]["exact"]
 
 
 def test_a_whole_read_skips_checkpoints(cpu_run):

@@ -33,7 +33,6 @@ class Checkpoint:
 
     offset: int  # of the chunk's header
     length: int  # of its payload
-    crc: int
     header: dict[str, Any]  # seq, events, iteration, marks, time_ns, live; baseline
     tail_offset: int  # of the EVENTS chunk the events after the point start with
 
@@ -87,7 +86,7 @@ def find(data: memoryview) -> list[Checkpoint]:
             continue
         tail = first_seq_at.get(int(header["seq"]))
         if tail is not None:
-            out.append(Checkpoint(at, length, crc, header, tail))
+            out.append(Checkpoint(at, length, header, tail))
     return out
 
 
