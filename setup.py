@@ -104,6 +104,22 @@ def _vgpu_libraries(major: int) -> list[tuple[str, list[str], list[str], str | N
     ]
 
 
+def _vgpu_exports(name: str) -> str:
+    """The symbols a stand-in library exports, as a version script's globs:
+    its API's prefix (libcudart.so.13 -> cuda*), and for libvgpu.so, the core
+    the others call into."""
+    prefix = name.split(".")[0][3:]
+    if prefix == "vgpu":
+        return 'extern "C++" { vgpu::*; }; allocscope_vgpu_*;'
+    if prefix == "cudart":
+        return "cuda*; __cuda*;"
+    if prefix == "cuda":  # and the table of entry points the runtime asks the driver for
+        return "cu*; vgpu_*;"
+    if prefix == "nvidia-ml":
+        return "nvml*;"
+    return f"{prefix}*;"
+
+
 def _nccl_include_dir() -> str | None:
     """The folder of the nccl.h torch was built against (the nvidia-nccl
     wheel torch depends on)."""
@@ -166,13 +182,18 @@ def build_vgpu(out_dir: str, work_dir: str) -> bool:
         cmd += ["-o", os.path.join(out_dir, name), f"-Wl,-soname,{name}", f"-L{out_dir}", "-Wl,-rpath,$ORIGIN",
                 "-Wl,--no-undefined"]
         cmd += [f"-l:{lib}" for lib in links]
-        if version_node:
-            script = os.path.join(work_dir, f"{name}.map")
-            prefix = version_node.split(".")[0][3:]  # libcudart.so.13 -> cudart
-            exported = "cuda*; __cuda*;" if prefix == "cudart" else f"{prefix}*;"
-            with open(script, "w") as f:
-                f.write(f"{version_node} {{ global: {exported} local: *; }};\n")
-            cmd.append(f"-Wl,--version-script={script}")
+        # Each exports its API and nothing else. These are loaded globally
+        # before torch (vgpu.activate), so any other symbol they exported
+        # would stand in for torch's own: the weak instantiations of the C++
+        # library's inline functions and templates that every object file
+        # carries (std::vector, and with GCC 13's headers exception_ptr's
+        # reference counting among them). Where a library exported those, an
+        # exception caught anywhere in torch arrived as "e_ptr INTERNAL
+        # ASSERT FAILED" on the H100 machine (torch 2.11, GCC 14's libstdc++).
+        script = os.path.join(work_dir, f"{name}.map")
+        with open(script, "w") as f:
+            f.write(f"{version_node or ''} {{ global: {_vgpu_exports(name)} local: *; }};\n")
+        cmd.append(f"-Wl,--version-script={script}")
         subprocess.run(cmd, check=True)
     return True
 

@@ -9,7 +9,7 @@ On a machine with a GPU and torch preinstalled (allocscope built in place):
      context's real share of device memory (used before the first tensor,
      and after a cuBLAS matmul): what the virtual GPU's presets and its
      context default (docs/vgpu.md) are to be checked against;
-  2. pytest.log, pytest.xml: the `cuda` and `gpu_hardware` tests on the GPU
+  2. pytest.log, pytest.xml: the `cuda` and `gpu_hardware` tests on the GPU, not the `heavy` ones
      (--all-tests: the whole suite; the CPU tests tell nothing new on a card,
      and the whole suite does not end within one device call), one line per
      test so that a run cut at the deadline still names what failed;
@@ -33,8 +33,9 @@ On a machine with a GPU and torch preinstalled (allocscope built in place):
 Each step runs in its own process with a time limit; a failing step does not
 stop the others. --deadline (a Unix time) cuts every step's limit so that the
 whole check ends by then, the suite last (it is the longest), and summary.json
-is rewritten after each step, so a check cut short still says what ran. Without a GPU (--virtual, for testing this script) the
-"real" side runs on a virtual GPU too.
+is rewritten after each step, so a check cut short still says what ran;
+--only runs some parts, to split the check over device calls. Without a GPU
+(--virtual, for testing this script) the "real" side runs on a virtual GPU too.
 """
 
 from __future__ import annotations
@@ -79,6 +80,13 @@ print(json.dumps({
 
 
 DEADLINE: float | None = None
+# the parts --only chooses among, in the order they run
+PARTS = ("tables", "fixtures", "exceptions", "step", "fit", "nccl", "tests")
+ONLY: set[str] | None = None
+
+
+def wanted(part: str) -> bool:
+    return ONLY is None or part in ONLY
 
 
 def step(summary: list, name: str, cmd: list[str], out: str, timeout: float, env: dict | None = None) -> int:
@@ -133,7 +141,8 @@ def compare(real_path: str, virtual_path: str) -> dict:
             "segment_events": [[EventKind(int(ev.kind[i])).name.lower(), int(ev.size[i])] for i in seg],
         }
     r, v = out["real"]["segment_events"], out["virtual"]["segment_events"]
-    first = next((i for i, (a, b) in enumerate(zip(r, v)) if a != b), None if len(r) == len(v) else min(len(r), len(v)))
+    first = next((i for i, (a, b) in enumerate(zip(r, v, strict=False)) if a != b),
+                 None if len(r) == len(v) else min(len(r), len(v)))
     out["same_segment_events"] = first is None
     out["first_segment_difference"] = first
     out["same_peak_reserved"] = out["real"]["peak_reserved"] == out["virtual"]["peak_reserved"]
@@ -150,9 +159,15 @@ def main() -> int:
     parser.add_argument("--only-tests", action="store_true", help="the machine and the test suite alone")
     parser.add_argument("--all-tests", action="store_true", help="the whole suite, not only the GPU tests")
     parser.add_argument("--deadline", type=float, help="Unix time by which every step has ended")
+    parser.add_argument("--only", help="comma-separated parts, to split the check over device calls: "
+                        + ", ".join(PARTS) + " (the machine is always measured)")
     args = parser.parse_args()
-    global DEADLINE
+    global DEADLINE, ONLY
     DEADLINE = args.deadline
+    if args.only:
+        ONLY = set(args.only.split(","))
+        if ONLY - set(PARTS):
+            parser.error(f"--only: unknown part(s) {', '.join(sorted(ONLY - set(PARTS)))}; parts: {', '.join(PARTS)}")
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
     import torch
@@ -190,11 +205,13 @@ def main() -> int:
         comparison = {}
 
     # the tests, on the GPU, last: they are the longest, and the others tell more per second
-    if not args.skip_tests:
+    if not args.skip_tests and wanted("tests"):
         if args.virtual:
             extra = ["--vgpu", "H100-80GB", "-m", "cuda"]
         else:
-            extra = [] if args.all_tests else ["-m", "cuda or gpu_hardware"]
+            # (not the `heavy` ones: several multi-process jobs each, on virtual GPUs of their own, which
+            # took the first 300 s of the suite on the H100 and tell nothing of the card)
+            extra = [] if args.all_tests else ["-m", "(cuda or gpu_hardware) and not heavy"]
         step(summary, "pytest", [python, "-m", "pytest", "-v", "tests", "-p", "no:cacheprovider", "--tb=short",
                                  f"--junitxml={os.path.join(out, 'pytest.xml')}", *extra], out, 1200, real_env)
         write_summary()
@@ -212,51 +229,55 @@ def measure(summary: list, out: str, python: str, real_env: dict, machine: dict,
     # cuDNN's workspaces on this card, first (a lease can end): the rows of the
     # virtual GPU's cuDNN tables (allocscope/vgpu/cudnn_tables.tsv, docs/vgpu.md)
     tables = os.path.join(out, "cudnn_tables.tsv")
-    step(summary, "cudnn_tables", [python, "benchmarks/cudnn_tables.py", "--out", tables, "--json"], out, 600,
-         real_env)
-    write_summary()
+    if wanted("tables"):
+        step(summary, "cudnn_tables", [python, "benchmarks/cudnn_tables.py", "--out", tables, "--json"], out, 600,
+             real_env)
+        write_summary()
 
     # fixtures: real, and virtual of the same model, memory and context
     preset = preset_for(machine["device"]["name"])
     real_dir, virtual_dir = os.path.join(out, "fixtures", "real"), os.path.join(out, "fixtures", "virtual")
-    step(summary, "fixtures_real", [python, "tests/data/make_fixtures.py", "--cuda", "--out", real_dir]
-         + (["--gpu", "H100-80GB"] if virtual else []), out, 900, real_env)
     virtual_env = vgpu.environment(preset, memory=machine["mem_get_info_total"],
                                    context=max(machine["used_before_first_tensor"], 0))
     if os.path.exists(tables):  # the virtual side answers cuDNN's workspaces from this card's rows
         virtual_env[vgpu.ENV_CUDNN_TABLES] = tables
-    # (on the virtual GPU, make_fixtures sees CUDA and records on it, children included)
-    step(summary, "fixtures_virtual", [python, "tests/data/make_fixtures.py", "--cuda", "--out", virtual_dir], out,
-         900, virtual_env)
     comparison = {"virtual_gpu": {"preset": preset, "memory": machine["mem_get_info_total"],
                                   "context": machine["used_before_first_tensor"]}}
-    for name in FIXTURES:
-        real_file, virtual_file = os.path.join(real_dir, f"{name}.alsc"), os.path.join(virtual_dir, f"{name}.alsc")
-        if os.path.exists(real_file) and os.path.exists(virtual_file):
-            try:
-                comparison[name] = compare(real_file, virtual_file)
-            except Exception as e:  # a broken capture is a finding, not a crash
-                comparison[name] = {"error": f"{type(e).__name__}: {e}"}
-        else:
-            comparison[name] = {"error": "missing", "real": os.path.exists(real_file),
-                                "virtual": os.path.exists(virtual_file)}
-    with open(os.path.join(out, "fixtures.json"), "w") as f:
-        json.dump(comparison, f, indent=2)
-    write_summary()
+    if wanted("fixtures"):
+        step(summary, "fixtures_real", [python, "tests/data/make_fixtures.py", "--cuda", "--out", real_dir]
+             + (["--gpu", "H100-80GB"] if virtual else []), out, 900, real_env)
+        # (on the virtual GPU, make_fixtures sees CUDA and records on it, children included)
+        step(summary, "fixtures_virtual", [python, "tests/data/make_fixtures.py", "--cuda", "--out", virtual_dir], out,
+             900, virtual_env)
+        for name in FIXTURES:
+            real_file, virtual_file = os.path.join(real_dir, f"{name}.alsc"), os.path.join(virtual_dir, f"{name}.alsc")
+            if os.path.exists(real_file) and os.path.exists(virtual_file):
+                try:
+                    comparison[name] = compare(real_file, virtual_file)
+                except Exception as e:  # a broken capture is a finding, not a crash
+                    comparison[name] = {"error": f"{type(e).__name__}: {e}"}
+            else:
+                comparison[name] = {"error": "missing", "real": os.path.exists(real_file),
+                                    "virtual": os.path.exists(virtual_file)}
+        with open(os.path.join(out, "fixtures.json"), "w") as f:
+            json.dump(comparison, f, indent=2)
+        write_summary()
 
     # which exceptions arrive intact: on the card, and on the virtual GPU of this machine
-    step(summary, "exceptions_real", [python, "benchmarks/probe_exceptions.py"], out, 120, real_env)
-    step(summary, "exceptions_virtual", [python, "benchmarks/probe_exceptions.py"], out, 120, virtual_env)
-    write_summary()
+    if wanted("exceptions"):
+        step(summary, "exceptions_real", [python, "benchmarks/probe_exceptions.py"], out, 120, real_env)
+        step(summary, "exceptions_virtual", [python, "benchmarks/probe_exceptions.py"], out, 120, virtual_env)
+        write_summary()
 
-    step(summary, "bench_step", [python, "benchmarks/bench_step.py", "--out", os.path.join(out, "step_gpu.json")],
-         out, 900, real_env)
-    write_summary()
+    if wanted("step"):
+        step(summary, "bench_step", [python, "benchmarks/bench_step.py", "--out", os.path.join(out, "step_gpu.json")],
+             out, 900, real_env)
+        write_summary()
 
     # will it fit: the dry run against the card, on the convolution nets (cuDNN: the dry run reads the
     # tables just recorded) and on activation checkpointing (whose dry run broke on this machine's virtual
     # GPU on 2026-11-23)
-    if not virtual:
+    if not virtual and wanted("fit"):
         fit_env = dict(real_env)
         if os.path.exists(tables):
             fit_env[vgpu.ENV_CUDNN_TABLES] = tables
@@ -266,31 +287,33 @@ def measure(summary: list, out: str, python: str, real_env: dict, machine: dict,
         write_summary()
 
     # NCCL: one rank with backend nccl on the card, and the same on the virtual GPU
-    nccl: dict = {}
-    for mode in ("ddp", "fsdp2"):
-        sides = {}
-        for side, env, prefix in (("real", real_env, []),
-                                  ("virtual", dict(os.environ),
-                                   [python, "-m", "allocscope", "run", "--gpu", preset, "--gpu-memory",
-                                    str(machine["mem_get_info_total"]), "--no-record", "--"])):
-            folder = os.path.join(out, "nccl", side, mode)
-            os.makedirs(folder, exist_ok=True)
-            cmd = prefix + [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
-                            "tests/scripts/dist_train.py", mode, folder]
-            if virtual and side == "real":
-                cmd = [python, "-m", "allocscope", "run", "--gpu", "H100-80GB", "--no-record", "--", *cmd]
-            step(summary, f"nccl_{mode}_{side}", cmd, out, 300, env)
-            try:
-                with open(os.path.join(folder, "rank0.json")) as f:
-                    sides[side] = json.load(f)
-            except (OSError, ValueError) as e:
-                sides[side] = {"error": str(e)}
-        if all("max_memory_reserved" in v for v in sides.values()):
-            sides["same_peak_reserved"] = sides["real"]["max_memory_reserved"] == sides["virtual"]["max_memory_reserved"]
-        nccl[mode] = sides
-    with open(os.path.join(out, "nccl.json"), "w") as f:
-        json.dump(nccl, f, indent=2)
-    write_summary()
+    if wanted("nccl"):
+        nccl: dict = {}
+        for mode in ("ddp", "fsdp2"):
+            sides = {}
+            for side, env, prefix in (("real", real_env, []),
+                                      ("virtual", dict(os.environ),
+                                       [python, "-m", "allocscope", "run", "--gpu", preset, "--gpu-memory",
+                                        str(machine["mem_get_info_total"]), "--no-record", "--"])):
+                folder = os.path.join(out, "nccl", side, mode)
+                os.makedirs(folder, exist_ok=True)
+                cmd = prefix + [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+                                "tests/scripts/dist_train.py", mode, folder]
+                if virtual and side == "real":
+                    cmd = [python, "-m", "allocscope", "run", "--gpu", "H100-80GB", "--no-record", "--", *cmd]
+                step(summary, f"nccl_{mode}_{side}", cmd, out, 300, env)
+                try:
+                    with open(os.path.join(folder, "rank0.json")) as f:
+                        sides[side] = json.load(f)
+                except (OSError, ValueError) as e:
+                    sides[side] = {"error": str(e)}
+            if all("max_memory_reserved" in v for v in sides.values()):
+                sides["same_peak_reserved"] = (sides["real"]["max_memory_reserved"]
+                                               == sides["virtual"]["max_memory_reserved"])
+            nccl[mode] = sides
+        with open(os.path.join(out, "nccl.json"), "w") as f:
+            json.dump(nccl, f, indent=2)
+        write_summary()
 
     return comparison
 

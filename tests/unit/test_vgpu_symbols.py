@@ -171,3 +171,29 @@ def test_every_nccl_function_torch_imports_is_defined_unversioned():
     assert not wanted - defined, f"libnccl.so.2 stand-in lacks {sorted(wanted - defined)}"
     soname = subprocess.run(["readelf", "-d", path], capture_output=True, text=True, check=True).stdout
     assert "[libnccl.so.2]" in soname
+
+
+# What each stand-in may export: its API (names as the real library's), and
+# libvgpu.so's core, which the others call (namespace vgpu, mangled _ZN4vgpu).
+API = {"libcudart": r"(__)?cuda\w+", "libcuda": r"cu\w+|vgpu_\w+", "libcublas": r"cublas\w+",
+       "libcublasLt": r"cublasLt\w+", "libnvidia-ml": r"nvml\w+", "libnccl": r"nccl\w+", "libcudnn": r"cudnn\w+",
+       "libvgpu": r"_ZN4vgpu\w+|allocscope_vgpu_\w+"}
+
+
+@pytest.mark.parametrize("lib", sorted(os.listdir(vgpu.LIB_DIR)) if os.path.isdir(vgpu.LIB_DIR) else [])
+def test_stand_ins_export_their_api_and_nothing_else(lib):
+    """The stand-ins are loaded globally before torch, so whatever else they
+    exported would take the place of torch's own symbols: the weak copies of
+    the C++ library's templates and inline functions that every object file
+    holds (std::vector's, and with GCC 13's headers exception_ptr's). Where
+    the stand-ins exported those, every C++ exception caught in torch arrived
+    as "e_ptr INTERNAL ASSERT FAILED" on the H100 machine (GCC 14's C++
+    library), benchmarks/results/gpu_check_h100_torch2.11_s29.json."""
+    api = re.compile(API[lib.split(".")[0]])
+    out = subprocess.run(["nm", "-D", "--defined-only", os.path.join(vgpu.LIB_DIR, lib)], capture_output=True,
+                         text=True, check=True).stdout
+    rows = [(*line.split()[:-1], line.split()[-1].split("@")[0]) for line in out.splitlines()]
+    # (the version node's own symbol is absolute: "A libcudart.so.13")
+    extra = sorted(name for *_, kind, name in rows if kind != "A" and not api.fullmatch(name))
+    assert not extra, f"{lib} exports more than its API: {extra[:5]}"
+    assert any(kind != "A" for *_, kind, _ in rows)
