@@ -4,9 +4,10 @@ Models built in code (no downloads): a small GPT-style transformer and a
 ResNet-style CNN. Modes, interleaved over rounds (median reported):
   off               no recording
   allocscope-none   allocscope, no stacks
-  allocscope-noops  allocscope, Python stacks, no op recording (ops=False)
-  allocscope-python allocscope, Python stacks and ops (the default)
-  allocscope-watch  allocscope, Python stacks, ops, and rec.watch(model, optimizer)
+  allocscope-noops  allocscope, Python stacks, no op recording: what record() records by default where
+                    nothing is watched (ops=None records ops from the first watch() on)
+  allocscope-python allocscope, Python stacks and ops from the start (ops=True; the default before 2026-11-25)
+  allocscope-watch  allocscope, Python stacks, ops, and rec.watch(model, optimizer) (the default's watch)
   allocscope-watch-noops  the same without op recording (backward scopes from
                     Python hooks on autograd nodes instead of the op callback)
   allocscope-watch-nocheckpoints  allocscope-watch with checkpoint_every=0: the
@@ -24,6 +25,8 @@ torch's _dump_snapshot pickle of the same steps.
                                                     # the CPU time each recorder adds to a step
     python benchmarks/bench_step.py --device cpu --small   # smoke run anywhere
 """
+
+from __future__ import annotations
 
 import argparse
 import os
@@ -142,6 +145,12 @@ def timed(mode, model, opt, make_input, loss_fn, steps, device, path, snapshot_p
     return t, rec.summary
 
 
+def _overhead_ratio(med: dict, mode: str, other: str) -> float | None:
+    """mode's overhead over other's; None where other's is not above noise (a card hides CPU time)."""
+    below = med[other] - med["off"]
+    return round((med[mode] - med["off"]) / below, 2) if below > 0.005 * med["off"] else None
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -197,6 +206,11 @@ def main():
             "ops_over_stacks_pct": round(100 * (med["allocscope-python"] / med["allocscope-noops"] - 1), 2),
             "checkpoints_over_watch_pct": round(
                 100 * (med["allocscope-watch"] / med["allocscope-watch-nocheckpoints"] - 1), 2),
+            # overheads over torch's recorder's, and watching's over recording's (record()'s defaults:
+            # no ops unwatched), as issue 29 asks them
+            "default_recording_over_torch": (_overhead_ratio(med, "allocscope-noops", "torch-history")
+                                             if "torch-history" in med else None),
+            "watch_over_default_recording_overhead": _overhead_ratio(med, "allocscope-watch", "allocscope-noops"),
             **({"recording_over_torch": round((med["allocscope-python"] - med["off"])
                                               / (med["torch-history"] - med["off"]), 2),
                 "watch_over_recording_overhead": round((med["allocscope-watch"] - med["off"])

@@ -171,7 +171,7 @@ def measure(problems: list[tuple], batches: list[int]) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "cudnn.alsc")
         calls = []
-        with allocscope.record(path, device="cuda"):
+        with allocscope.record(path, device="cuda", ops=True):  # the call's op names its workspace
             for batch in batches:
                 for problem in problems:
                     for op, key, call, what in _calls(problem, batch):

@@ -50,6 +50,7 @@ PYBIND11_MODULE(_C, m) {
       py::arg("reason"));
   m.def("is_active", [] { return Recorder::get().active(); });
   m.def("ops_active", &ops::active);
+  m.def("start_ops", [] { return Recorder::get().start_ops(); });
   m.def("walker", [] { return Recorder::get().walker(); });
   m.def("next_seq", [] { return Recorder::get().next_seq(); });
   m.def("arm_checkpoint", [](bool at_snapshot) { return Recorder::get().arm_checkpoint(at_snapshot); },

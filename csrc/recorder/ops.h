@@ -32,7 +32,8 @@ class Recorder;
 
 namespace ops {
 
-// Installs the callback for a recording that starts now (tables cleared).
+// Installs the callback: when a recording starts, or in a running one
+// (Recorder::start_ops, at the first watch() of record(ops=None)).
 // `forward_stacks`: keep the Python stack of each forward op that makes an
 // autograd node. The caller holds the GIL.
 void start(bool forward_stacks);

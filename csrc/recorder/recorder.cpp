@@ -228,6 +228,15 @@ void Recorder::start(const StartOptions& options) {
   if (options.ops) ops::start(python_stacks_);
 }
 
+bool Recorder::start_ops() {
+  // Under ops_mu_, which stop() holds while it removes the callback and
+  // clears active_: a recording that stops never keeps a callback started here.
+  std::lock_guard<std::mutex> lock(ops_mu_);
+  if (!active() || ops::active()) return false;
+  ops::start(python_stacks_);
+  return true;
+}
+
 void Recorder::wait_until_idle(int64_t timeout_ns) {
   int64_t deadline = now_ns() + timeout_ns;
   uint32_t n = threads_.size();
@@ -247,8 +256,11 @@ StopSummary Recorder::stop(const std::string& reason) {
     // Threads in the recorder may be waiting for the GIL (a new stack) or for
     // the writer (a full ring): release the GIL while waiting for them.
     pystack::GilRelease nogil;
-    ops::stop();
-    active_.store(false, std::memory_order_seq_cst);
+    {
+      std::lock_guard<std::mutex> lock(ops_mu_);
+      ops::stop();
+      active_.store(false, std::memory_order_seq_cst);
+    }
     wait_until_idle(0);
     {
       std::lock_guard<std::mutex> lock(wake_mu_);

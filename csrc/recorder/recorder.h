@@ -95,6 +95,10 @@ class Recorder {
   // Python-facing; the caller holds the GIL.
   void start(const StartOptions& options);  // throws std::runtime_error
   StopSummary stop(const std::string& reason);
+  // Starts recording ops in a recording that runs without them (record(ops=None)
+  // does at its first watch()): ops that are running already are not part of
+  // any allocation's chain. Returns whether it started them. Caller holds the GIL.
+  bool start_ops();
   bool active() const { return active_.load(std::memory_order_relaxed); }
   std::string walker() const { return walker_; }
   uint64_t next_seq() const { return ring_.head(); }
@@ -153,6 +157,7 @@ class Recorder {
   std::unique_ptr<Writer> writer_;
   std::thread writer_thread_;
   std::mutex wake_mu_;
+  std::mutex ops_mu_;  // start_ops() against stop()
   std::condition_variable wake_cv_;
   bool wake_ = false;
   bool stop_requested_ = false;

@@ -46,7 +46,7 @@ def train(path: str, device: str) -> None:
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 5))
     model = model.to(device)
     opt = torch.optim.Adam(model.parameters())
-    with allocscope.record(path, device=device):
+    with allocscope.record(path, device=device, ops=True):
         for step in range(2):
             loss = model(torch.randn(2, 3, 8, 8, device=device)).sum()
             loss.backward()
@@ -60,7 +60,7 @@ def train_watched(path: str, device: str) -> None:
     model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 14 * 14, 10))
     model = model.to(device)
     opt = torch.optim.Adam(model.parameters())
-    with allocscope.record(path, device=device) as rec:
+    with allocscope.record(path, device=device, ops=True) as rec:
         rec.watch(model, opt)
         for step in range(3):
             out = model(torch.randn(4, 3, 16, 16, device=device))

@@ -151,7 +151,7 @@ def test_recurrent_networks_lay_their_weights_out_as_torch_checks_and_replay(tmp
     lstm = torch.nn.LSTM(128, 256, num_layers=2, batch_first=True, bidirectional=True).cuda()
     gru = torch.nn.GRU(128, 256).cuda()
     torch.cuda.empty_cache()  # what earlier tests left cached could serve it all: no segment to follow
-    with allocscope.record(tmp_path / "rnn.alsc", device="cuda"):
+    with allocscope.record(tmp_path / "rnn.alsc", device="cuda", ops=True):
         out, _ = lstm(torch.randn(16, 100, 128, device="cuda"))
         out.sum().backward()
         out, _ = gru(torch.randn(100, 16, 128, device="cuda"))
@@ -168,7 +168,7 @@ def test_attention_takes_cudnn_where_torch_would_on_the_card(tmp_path):
     q = torch.randn(8, 16, 512, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     choice = torch._fused_sdp_choice(q, q, q, is_causal=True)
     torch.cuda.empty_cache()  # what earlier tests left cached could serve it all: no segment to follow
-    with allocscope.record(tmp_path / "sdpa.alsc", device="cuda"):
+    with allocscope.record(tmp_path / "sdpa.alsc", device="cuda", ops=True):
         torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
     cap = allocscope.load(tmp_path / "sdpa.alsc")
     assert_exact(cap)

@@ -13,6 +13,7 @@ from allocscope import EventKind
 from allocscope.attribution import CATEGORIES, attribute
 from allocscope.attribution.timeline import site_labels
 from allocscope.reports import build_report
+from allocscope.reports.report import render
 
 from .layered_model import LINES, Layered
 
@@ -46,7 +47,7 @@ def profiled_step(tmp_path):
     opt.zero_grad()
     trace = tmp_path / "trace.json"
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
-        with allocscope.record(tmp_path / "step.alsc", device="cpu"):
+        with allocscope.record(tmp_path / "step.alsc", device="cpu", ops=True):
             model(x).square().mean().backward()
             opt.step()
     prof.export_chrome_trace(str(trace))
@@ -171,3 +172,52 @@ def test_recording_ops_changes_no_result_and_can_be_left_out(tmp_path):
                                                  strict=True))
     cap = allocscope.load(tmp_path / "r.alsc")
     assert cap.metadata["ops"] is False and not cap.events.op.any()
+
+
+def test_by_default_ops_are_recorded_from_the_first_watch_on(tmp_path):
+    """record()'s default (ops=None): no op callback while nothing is watched
+    (it costs on every op), and from the first watch() on, ops as ops=True
+    records them: watched models' backward scopes come from them."""
+    from allocscope.common.native import native
+
+    C = native()
+
+    def recorded(path, ops):
+        torch.manual_seed(0)
+        model = Step()
+        opt = torch.optim.Adam(model.parameters())
+        x = torch.randn(4, 3, 8, 8)
+        with allocscope.record(path, device="cpu", ops=ops) as rec:
+            model(x).sum().backward()
+            assert C.ops_active() == (ops is True)
+            allocscope.mark("watch")
+            rec.watch(model, opt)
+            assert C.ops_active()
+            for _ in range(2):
+                model(x).sum().backward()
+                opt.step()
+                opt.zero_grad()
+        cap = allocscope.load(path)
+        ev = cap.events
+        (at,) = np.flatnonzero(ev.kind == EventKind.MARK)
+        allocs = np.flatnonzero(ev.kind == EventKind.ALLOC)
+        chains = [tuple(f.function for f in cap.stack(int(ev.op[i]))) for i in allocs]
+        scopes = [(int(ev.addr[i]), cap.strings[int(ev.arg[i])]) for i in np.flatnonzero(
+            (ev.kind == EventKind.MODULE_ENTER) | (ev.kind == EventKind.MODULE_EXIT))]
+        return cap, chains, allocs > at, scopes
+
+    cap, chains, after, scopes = recorded(tmp_path / "d.alsc", None)
+    assert cap.metadata["ops"] == "watch"
+    assert not after.all() and not any(c for c, a in zip(chains, after, strict=True) if not a)
+    assert any("aten::addmm" in c for c in chains)
+    whole, whole_chains, whole_after, whole_scopes = recorded(tmp_path / "o.alsc", True)
+    assert whole.metadata["ops"] is True
+    assert [c for c, a in zip(chains, after, strict=True) if a] == \
+        [c for c, a in zip(whole_chains, whole_after, strict=True) if a]
+    assert scopes == whole_scopes and any(addr & 1 for addr, _ in scopes)  # backward scopes, from the op recorder
+    assert not C.ops_active() and not C.start_ops()  # nothing to start outside a recording
+    with allocscope.record(tmp_path / "n.alsc", device="cpu"):
+        Step()(torch.randn(4, 3, 8, 8)).sum().backward()
+    cap = allocscope.load(tmp_path / "n.alsc")
+    assert cap.metadata["ops"] == "watch" and not cap.events.op.any()
+    assert "Top ops: none recorded" in render(build_report(cap))  # and says how to record them

@@ -153,3 +153,20 @@ def test_run_without_recording_on_a_card_too_small(tmp_path):
     small = _virtual(tmp_path, "--gpu", "L4-24GB", "--gpu-memory", "1GiB", "--no-record", "--", str(script))
     assert small.returncode == 1 and "OutOfMemoryError" in small.stderr
     assert "total capacity of 1024.00 MiB" in small.stderr
+
+
+@pytest.mark.parametrize("flag, metadata, recorded", [(None, "watch", False), ("--ops", True, True),
+                                                      ("--no-ops", False, False)])
+def test_run_records_ops_as_asked(tmp_path, flag, metadata, recorded):
+    """train_small.py watches nothing: by default (ops from the first watch
+    on) its allocations carry no op; --ops records them from the start."""
+    result, out = run(tmp_path, *([flag] if flag else []), "--", sys.executable, SCRIPT)
+    assert result.returncode == 0, result.stderr
+    cap = allocscope.load(out)
+    assert cap.metadata["ops"] == metadata
+    assert bool(cap.events.op.any()) == recorded
+
+
+def test_run_refuses_ops_and_no_ops_together(tmp_path):
+    result, _ = run(tmp_path, "--ops", "--no-ops", "--", sys.executable, SCRIPT)
+    assert result.returncode != 0 and "not allowed with" in result.stderr

@@ -57,7 +57,7 @@ def fragment(path: str) -> None:
     model = nn.Sequential(*[Block() for _ in range(2)]).cuda()
     opt = torch.optim.AdamW(model.parameters())
     side = torch.cuda.Stream()
-    with allocscope.record(path, device="cuda") as rec:
+    with allocscope.record(path, device="cuda", ops=True) as rec:
         rec.watch(model, opt)
         for i, seq in enumerate(range(64, 64 + 24 * 40, 40)):
             step(model, opt, seq, side)
@@ -75,7 +75,7 @@ def oom(path: str) -> None:
     opt = torch.optim.AdamW(model.parameters())
     side = torch.cuda.Stream()
     torch.cuda.set_per_process_memory_fraction((1 << 30) / total)  # 1 GiB for this process's allocator
-    with allocscope.record(path, device="cuda") as rec:
+    with allocscope.record(path, device="cuda", ops=True) as rec:
         rec.watch(model, opt)
         try:
             for seq in range(256, 1 << 16, 256):
@@ -92,7 +92,7 @@ def settings(path: str) -> None:
     blocks and segments the rounding decides, after taking a snapshot of
     its own."""
     MiB = 1 << 20
-    with allocscope.record(path, device="cuda"):
+    with allocscope.record(path, device="cuda", ops=True):
         torch.cuda.memory._snapshot()  # the program's own snapshot: a SNAPSHOT event before the changes
         held = [torch.empty(int(90.5 * MiB), dtype=torch.uint8, device="cuda") for _ in range(2)]
         torch.cuda.memory._set_allocator_settings("roundup_power2_divisions:4")
@@ -116,7 +116,7 @@ def baseline_order(path: str) -> None:
     del older_low
     torch.cuda.empty_cache()  # A goes back; the next segment takes its address
     newer = [torch.empty(n * KiB, dtype=torch.uint8, device="cuda") for n in (896, 1024)]  # C, below B
-    with allocscope.record(path, device="cuda"):
+    with allocscope.record(path, device="cuda", ops=True):
         tie = torch.empty(100 * KiB, dtype=torch.uint8, device="cuda")
         more = [torch.empty(100 * KiB, dtype=torch.uint8, device="cuda") for _ in range(3)]
         del tie, more

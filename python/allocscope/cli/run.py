@@ -44,6 +44,11 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
                         help="what to record: CUDA memory, CPU memory, or auto (CUDA if available, else CPU)")
     parser.add_argument("--stacks", choices=("python", "none"), default="python",
                         help="record each allocation's Python stack (default) or not")
+    ops = parser.add_mutually_exclusive_group()
+    ops.add_argument("--ops", action="store_const", const=True, dest="ops",
+                     help="record the op behind every allocation from the start (default: from the first "
+                          "allocscope.watch() on; a callback on every op, which costs where the CPU is the bottleneck)")
+    ops.add_argument("--no-ops", action="store_const", const=False, dest="ops", help="never record ops")
     parser.add_argument("--gpu", metavar="GPU",
                         help="run on a virtual GPU: a model (H100-80GB), N of them (2xA100-40GB), several "
                              "(H100-80GB,L4-24GB), or `list` to list the models")
@@ -101,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("give the capture file: allocscope run -o FILE -- python script.py")
     result = run_command(args.command, None if args.no_record else args.output, gpu=args.gpu,
                          gpu_memory=args.gpu_memory, device=args.device, stacks=args.stacks, force=args.force,
-                         world=world_from(args))
+                         world=world_from(args), ops=args.ops)
     for path in result.captures:
         print(f"allocscope: wrote {os.path.relpath(path)}", file=sys.stderr)
     if result.device and not result.captures:

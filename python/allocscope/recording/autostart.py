@@ -50,7 +50,8 @@ def _start(options: dict[str, Any]) -> None:
     from .session import Recording
 
     path = output_path(os.environ[ENV_OUTPUT])
-    rec = Recording(path, device=options.get("device", "cpu"), stacks=options.get("stacks", "python"))
+    rec = Recording(path, device=options.get("device", "cpu"), stacks=options.get("stacks", "python"),
+                    ops=options.get("ops"))
     try:
         rec.start()
         if options.get("auto_watch"):

@@ -38,7 +38,7 @@ def _distributed() -> dict[str, Any]:
     return info
 
 
-def collect(devices: list[str], stacks: str, ops: bool = True) -> dict[str, Any]:
+def collect(devices: list[str], stacks: str, ops: bool | None = True) -> dict[str, Any]:
     import torch
 
     from .._version import __version__
@@ -60,7 +60,8 @@ def collect(devices: list[str], stacks: str, ops: bool = True) -> dict[str, Any]
         "torch_cuda": torch.version.cuda,
         "devices_recorded": devices,
         "stacks": stacks,
-        "ops": ops,
+        # True: from the start; "watch": from the first watch() on (record(ops=None)); False: never
+        "ops": "watch" if ops is None else ops,
         "alloc_conf": {"raw": conf, "parsed": settings_items(conf)},
         "no_cuda_memory_caching": os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") not in (None, "", "0"),
         "distributed": _distributed(),

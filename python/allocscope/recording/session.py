@@ -79,7 +79,7 @@ class Recording:
     """
 
     def __init__(self, path: str | os.PathLike[str], *, device: Any = None, stacks: str = "python",
-                 ops: bool = True, checkpoint_every: int = CHECKPOINT_EVERY, _check_cuda: bool = True):
+                 ops: bool | None = None, checkpoint_every: int = CHECKPOINT_EVERY, _check_cuda: bool = True):
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"path must be a str or os.PathLike, not {type(path).__name__}")
         if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 0:
@@ -89,7 +89,9 @@ class Recording:
         _device_type(device)
         self.path = os.path.abspath(os.fspath(path))
         self.stacks = stacks
-        self.ops = bool(ops)
+        if ops is not None and not isinstance(ops, bool):
+            raise InputError(f"ops must be True, False or None (from the first watch on), not {ops!r}")
+        self.ops = ops
         self.checkpoint_every = checkpoint_every
         self._next_checkpoint = checkpoint_every  # the event count at which the next one is due
         self._device = device
@@ -123,7 +125,7 @@ class Recording:
                 raise AllocscopeError(f"allocscope is already recording to {where}; one recording at a time")
             metadata = self._metadata()
             try:
-                C.start(self.path, json.dumps(metadata), self.stacks == "python", self.ops,
+                C.start(self.path, json.dumps(metadata), self.stacks == "python", self.ops is True,
                         self.checkpoint_every > 0)
             except RuntimeError as e:
                 raise AllocscopeError(str(e)) from None
@@ -246,6 +248,10 @@ class Recording:
             if optimizer is not None:
                 w.add_optimizer(optimizer)
             return w
+        if self.ops is None:
+            # Watched models' backward scopes and saved activations' stacks come
+            # from the op recorder: from here on, ops are recorded.
+            native().start_ops()
         w = Watch(model, optimizer, name=name, device_types=self.devices)
         self._watches.append(w)
         return w
@@ -382,8 +388,11 @@ class record(contextlib.ContextDecorator):
     device: 'cuda', 'cpu', or None for CUDA when available, else the CPU.
     stacks: 'python' records the Python stack of every allocation; 'none' does not.
     ops: record the op behind every allocation (and give allocations in
-    backward the Python stack of their forward op); it costs a little on
-    every op, allocating or not.
+    backward the Python stack of their forward op). It costs a callback on
+    every op, allocating or not, more than the rest of recording where the
+    CPU is the bottleneck; None (the default) records them from the first
+    watch() on, whose backward module scopes come from them; True from the
+    start; False never.
     checkpoint_every: events between checkpoints, from which `report
     --steps` reads a late step of a long run without reading all that
     precedes it (0: none).
@@ -392,7 +401,7 @@ class record(contextlib.ContextDecorator):
     """
 
     def __init__(self, path: str | os.PathLike[str], *, device: Any = None, stacks: str = "python",
-                 ops: bool = True, checkpoint_every: int = CHECKPOINT_EVERY):
+                 ops: bool | None = None, checkpoint_every: int = CHECKPOINT_EVERY):
         self._args = (path, device, stacks, ops, checkpoint_every)
         # validate the arguments now
         Recording(path, device=device, stacks=stacks, ops=ops, checkpoint_every=checkpoint_every)

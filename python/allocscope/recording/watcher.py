@@ -18,7 +18,8 @@ calls) and torch.autograd.grad, so that the backward phase starts before the
 loss's own backward kernels allocate; they are restored when the last watch
 ends.
 
-Backward module scopes: where the recording records ops (the default), the
+Backward module scopes: where the recording records ops (by default from its
+first watch() on), the
 recorder writes them itself as autograd nodes run (csrc/recorder/ops.h: each node
 knows the module whose forward made it). Otherwise each module's forward
 hooks register pre-hooks on the autograd nodes of its inputs and outputs.

@@ -159,6 +159,7 @@ def build_report(cap: Capture, *, at: str | None = None, steps: tuple[int, int] 
             "path": cap.path, "complete": cap.complete, "events": len(cap.events),
             "device_type": att.device_type, "torch": cap.metadata.get("torch"),
             "duration_ns": cap.duration_ns, "watched": [w.get("name") for w in att.watches],
+            "ops": cap.metadata.get("ops"),
         },
         "units": "bytes",
     }
@@ -273,6 +274,9 @@ def render(r: dict[str, Any], top: int = 10) -> str:
         lines += table([("live", "allocated", "count", "op")] + [
             (format_bytes(o["live_bytes"]), format_bytes(o["allocated_bytes"]), str(o["allocations"]), o["op"])
             for o in r["ops"][:top]], {0, 1, 2})
+    elif r["capture"].get("ops") in ("watch", False):
+        lines += ["", "Top ops: none recorded (by default ops are recorded from the first watch() on; "
+                  "`allocscope run --ops` or record(ops=True) records them from the start)"]
     its = r["iterations"]
     if its:
         lines += ["", "Iterations (optimizer steps):"]
