@@ -10,6 +10,8 @@ ResNet-style CNN. Modes, interleaved over rounds (median reported):
   allocscope-watch  allocscope, Python stacks, ops, and rec.watch(model, optimizer) (the default's watch)
   allocscope-watch-noops  the same without op recording (backward scopes from
                     Python hooks on autograd nodes instead of the op callback)
+  allocscope-watch-pypack  allocscope-watch with the saved-tensor hook in Python (the watcher's before
+                    2026-11-25: recording.watcher.PythonSavedTensorLabeler) instead of C++
   allocscope-watch-nocheckpoints  allocscope-watch with checkpoint_every=0: the
                     writer thread does not follow the live set (what checkpoints cost)
   torch-history     torch.cuda.memory._record_memory_history(stacks="python") (CUDA only)
@@ -39,6 +41,7 @@ from torch import nn
 
 import allocscope
 from allocscope.recording.session import CHECKPOINT_EVERY
+from allocscope.recording.watcher import PythonSavedTensorLabeler
 from _common import emit, environment, on_virtual_gpu
 
 
@@ -140,15 +143,28 @@ def timed(mode, model, opt, make_input, loss_fn, steps, device, path, snapshot_p
     every = 0 if mode == "allocscope-watch-nocheckpoints" else CHECKPOINT_EVERY
     with allocscope.record(path, device=device, stacks=stacks, ops=ops, checkpoint_every=every) as rec:
         if mode.startswith("allocscope-watch"):
-            rec.watch(model, opt)
+            w = rec.watch(model, opt)
+            if mode == "allocscope-watch-pypack":
+                w._saved = PythonSavedTensorLabeler(w)
         t = run_steps(model, opt, make_input, loss_fn, steps, device)
     return t, rec.summary
 
 
 def _overhead_ratio(med: dict, mode: str, other: str) -> float | None:
-    """mode's overhead over other's; None where other's is not above noise (a card hides CPU time)."""
+    """mode's overhead over other's; None where either was not timed, or other's is not above noise
+    (a card hides CPU time)."""
+    if mode not in med or other not in med:
+        return None
     below = med[other] - med["off"]
     return round((med[mode] - med["off"]) / below, 2) if below > 0.005 * med["off"] else None
+
+
+def _pct(med: dict, mode: str, other: str) -> float | None:
+    return round(100 * (med[mode] / med[other] - 1), 2) if mode in med and other in med else None
+
+
+def _ms(med: dict, mode: str, other: str) -> float | None:
+    return round((med[mode] - med[other]) * 1e3, 3) if mode in med and other in med else None
 
 
 def main():
@@ -159,14 +175,21 @@ def main():
     parser.add_argument("--small", action="store_true", help="tiny models (smoke test)")
     parser.add_argument("--out", help="also write the JSON here")
     parser.add_argument("--gpu", help="run on this virtual GPU (allocscope run --gpu list)")
+    parser.add_argument("--modes", help="comma-separated modes to time (default: all; `off` is always timed; "
+                                        "ratios whose modes are left out are null)")
     args = parser.parse_args()
     on_virtual_gpu(args.gpu)
     torch.manual_seed(0)
     tmp = tempfile.mkdtemp()
     path = os.path.join(tmp, "step.alsc")
     modes = ["off", "allocscope-none", "allocscope-noops", "allocscope-python", "allocscope-watch",
-             "allocscope-watch-noops", "allocscope-watch-nocheckpoints"]
+             "allocscope-watch-noops", "allocscope-watch-pypack", "allocscope-watch-nocheckpoints"]
     modes += ["torch-history", "torch-history-cpp"] if args.device == "cuda" else []
+    if args.modes:
+        unknown = set(args.modes.split(",")) - set(modes)
+        if unknown:
+            parser.error(f"--modes: unknown here: {', '.join(sorted(unknown))} (modes: {', '.join(modes)})")
+        modes = ["off"] + [m for m in modes if m != "off" and m in args.modes.split(",")]
     results = {}
     for name, (model, make_input, loss_fn, config) in workloads(args.device, args.small).items():
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -200,26 +223,20 @@ def main():
                                         for m, v in samples.items() if m != "off"},
             "allocations_per_step": round(cap.events.counts().get("alloc", 0) / args.steps, 1),
             "watch_annotations_per_step": round(annotations / args.steps, 1),
-            "watch_over_recording_pct": round(100 * (med["allocscope-watch"] / med["allocscope-python"] - 1), 2),
-            "watch_over_recording_noops_pct": round(
-                100 * (med["allocscope-watch-noops"] / med["allocscope-noops"] - 1), 2),
-            "ops_over_stacks_pct": round(100 * (med["allocscope-python"] / med["allocscope-noops"] - 1), 2),
-            "checkpoints_over_watch_pct": round(
-                100 * (med["allocscope-watch"] / med["allocscope-watch-nocheckpoints"] - 1), 2),
+            "watch_over_recording_pct": _pct(med, "allocscope-watch", "allocscope-python"),
+            "watch_over_recording_noops_pct": _pct(med, "allocscope-watch-noops", "allocscope-noops"),
+            "ops_over_stacks_pct": _pct(med, "allocscope-python", "allocscope-noops"),
+            "checkpoints_over_watch_pct": _pct(med, "allocscope-watch", "allocscope-watch-nocheckpoints"),
+            "native_saved_hook_ms_per_step": _ms(med, "allocscope-watch", "allocscope-watch-pypack"),
             # overheads over torch's recorder's, and watching's over recording's (record()'s defaults:
             # no ops unwatched), as issue 29 asks them
-            "default_recording_over_torch": (_overhead_ratio(med, "allocscope-noops", "torch-history")
-                                             if "torch-history" in med else None),
+            "default_recording_over_torch": _overhead_ratio(med, "allocscope-noops", "torch-history"),
             "watch_over_default_recording_overhead": _overhead_ratio(med, "allocscope-watch", "allocscope-noops"),
-            **({"recording_over_torch": round((med["allocscope-python"] - med["off"])
-                                              / (med["torch-history"] - med["off"]), 2),
-                "watch_over_recording_overhead": round((med["allocscope-watch"] - med["off"])
-                                                       / (med["allocscope-python"] - med["off"]), 2)}
-               if "torch-history" in med else {}),
+            "recording_over_torch": _overhead_ratio(med, "allocscope-python", "torch-history"),
+            "watch_over_recording_overhead": _overhead_ratio(med, "allocscope-watch", "allocscope-python"),
             # per step: what op recording adds to allocscope, and what C++ stacks add to torch's recorder
-            "ops_ms_per_step": round((med["allocscope-python"] - med["allocscope-noops"]) * 1e3, 3),
-            **({"cpp_stacks_ms_per_step": round((med["torch-history-cpp"] - med["torch-history"]) * 1e3, 3)}
-               if "torch-history-cpp" in med else {}),
+            "ops_ms_per_step": _ms(med, "allocscope-python", "allocscope-noops"),
+            "cpp_stacks_ms_per_step": _ms(med, "torch-history-cpp", "torch-history"),
             "files": sizes,
         }
         del model, opt

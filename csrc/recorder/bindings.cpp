@@ -7,6 +7,7 @@
 #include "cpu_allocator.h"
 #include "format/format.h"
 #include "ops.h"
+#include "saved.h"
 #include "recorder.h"
 #ifdef ALLOCSCOPE_WITH_CUDA
 #include "cuda_allocator.h"
@@ -63,6 +64,23 @@ PYBIND11_MODULE(_C, m) {
         return Recorder::get().annotate(kind, label, addr, size, with_stack);
       },
       py::arg("kind"), py::arg("label"), py::arg("addr") = 0, py::arg("size") = 0, py::arg("with_stack") = false);
+  py::class_<saved::Labeler>(m, "SavedTensorLabeler")
+      .def(py::init([](bool cuda, bool cpu, const std::string& fallback, const py::list& plain_types) {
+             std::vector<PyObject*> types;
+             for (py::handle t : plain_types) types.push_back(t.ptr());
+             return std::make_unique<saved::Labeler>(cuda, cpu, fallback, std::move(types));
+           }),
+           py::arg("cuda"), py::arg("cpu"), py::arg("fallback"), py::arg("plain_types"))
+      .def("begin_forward", &saved::Labeler::begin_forward, py::arg("labelled"))
+      .def(
+          "pack",
+          [](saved::Labeler& self, py::handle tensor) {
+            PyObject* out = self.pack(tensor.ptr());
+            if (out == nullptr) throw py::error_already_set();
+            return py::reinterpret_steal<py::object>(out);
+          },
+          py::arg("tensor"))
+      .def_static("unpack", [](py::object tensor) { return tensor; }, py::arg("tensor"));
   m.def(
       "add_baseline",
       [](std::string json) { Recorder::get().add_json_chunk(format::kChunkBaseline, std::move(json)); },

@@ -206,6 +206,11 @@ void module_entered(uint32_t label, bool leaf) {
   t.modules.push_back(Module{label, leaf});
 }
 
+uint32_t innermost_module(uint32_t none) {
+  ThreadOps& t = ops_of_this_thread();
+  return t.modules.empty() ? none : t.modules.back().label;
+}
+
 void module_exited(uint32_t label) {
   ThreadOps& t = ops_of_this_thread();
   for (size_t i = t.modules.size(); i-- > 0;) {

@@ -55,6 +55,8 @@ bool active();
 // them (Recorder::annotate): `label` the module's name (string id).
 void module_entered(uint32_t label, bool leaf);
 void module_exited(uint32_t label);
+// The innermost of them (its label), or `none` when none is open.
+uint32_t innermost_module(uint32_t none);
 
 }  // namespace ops
 }  // namespace allocscope

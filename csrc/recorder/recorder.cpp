@@ -311,6 +311,24 @@ void Recorder::checkpoint_baseline(std::string json) {
   wake_cv_.notify_one();
 }
 
+uint32_t Recorder::intern(const std::string& s) {
+  std::lock_guard<std::mutex> lock(tables_.mu);
+  return tables_.intern_string(s);
+}
+
+bool Recorder::annotate_interned(uint8_t kind, uint32_t label, uint64_t addr, uint64_t size) {
+  EmitScope scope;
+  if (!scope) return false;
+  RawEvent ev;
+  ev.kind = kind;
+  ev.addr = addr;
+  ev.size = size;
+  ev.arg = label == InternTables::kFull ? UINT32_MAX : label;
+  ev.stack = 0;
+  scope.push(ev);
+  return true;
+}
+
 bool Recorder::annotate(uint8_t kind, const std::string& label, uint64_t addr, uint64_t size, bool with_stack) {
   if (kind < format::kFirstAnnotation || kind > format::kLastAnnotation) {
     throw std::invalid_argument("annotation kind must be in [16, 63]");

@@ -109,6 +109,11 @@ class Recorder {
   // Interns `label` and records an annotation event (kMark..kLastAnnotation).
   // Returns false when not recording.
   bool annotate(uint8_t kind, const std::string& label, uint64_t addr, uint64_t size, bool with_stack);
+  // The same for a label interned already (intern()), without a stack: the
+  // saved-tensor hook's ACTIVATION labels (saved.h). Not for module scopes.
+  bool annotate_interned(uint8_t kind, uint32_t label, uint64_t addr, uint64_t size);
+  // A string's id in this recording's tables (InternTables::kFull when full).
+  uint32_t intern(const std::string& s);
   // Checkpoints (checkpoint.h): arm one, then take the baseline (which on
   // CUDA makes the SNAPSHOT event the point waits for, at_snapshot) and
   // hand it over ("" when none could be taken). arm returns the sequence

@@ -41,7 +41,6 @@ __all__ = ["Watch"]
 # Plain ints for the hooks' hot path (IntEnum members convert on every call)
 _ENTER = int(EventKind.MODULE_ENTER)
 _EXIT = int(EventKind.MODULE_EXIT)
-_ACTIVATION = int(EventKind.ACTIVATION)
 
 
 def _optimizer_state_per_parameter(optimizer: Any) -> float | None:
@@ -130,6 +129,38 @@ def _new_output_bytes(args: Any, output: Any) -> int:
     return produced
 
 
+class PythonSavedTensorLabeler:
+    """The saved-tensor hook in Python, as the watcher ran it before the C++
+    one (csrc/recorder/saved.h, native SavedTensorLabeler) replaced it: the
+    reference that one is tested against (tests/integration/test_watch_saved.py)
+    and timed against (benchmarks/bench_step.py, allocscope-watch-pypack)."""
+
+    def __init__(self, watch: "Watch"):
+        self._watch, self._labelled = watch, set()
+
+    def begin_forward(self, labelled: list[int]) -> None:
+        self._labelled = set(labelled)
+
+    def pack(self, t: Any) -> Any:
+        w = self._watch
+        if not (("cuda" in w._device_types and t.is_cuda) or ("cpu" in w._device_types and t.is_cpu)):
+            return t.detach()
+        try:
+            ptr = t.data_ptr() - t.storage_offset() * t.element_size()
+        except (RuntimeError, NotImplementedError, TypeError):  # no storage: nothing to label
+            ptr = 0
+        if ptr and ptr not in self._labelled:
+            self._labelled.add(ptr)
+            s = _storage(t)
+            stack = getattr(w._local, "modules", None)
+            w._annotate(int(EventKind.ACTIVATION), stack[-1] if stack else w.name, ptr, s[1] if s else 0, False)
+        return t.detach()
+
+    @staticmethod
+    def unpack(t: Any) -> Any:
+        return t
+
+
 class Watch:
     """Hooks on one model (and optionally its optimizer) that annotate the
     active recording. Made by Recording.watch() or allocscope.watch(); removed
@@ -154,12 +185,14 @@ class Watch:
         self._param_fingerprint: tuple[int, ...] = ()
         self._params: list[tuple[str, Any]] = []
         self._param_storages: set[int] = set()
-        self._saved_this_forward: set[int] = set()
         self._state_seen: dict[tuple[int, str], int] = {}
         self._state_fingerprints: dict[int, tuple[int, ...]] = {}  # id(optimizer) -> its state's tensor ids
         self._removed = False
         self._device_types = frozenset(device_types)
-        self._record_cuda, self._record_cpu = "cuda" in self._device_types, "cpu" in self._device_types
+        # The saved-tensor hook (csrc/recorder/saved.h): each storage autograd
+        # saves is labelled once per forward, as the innermost open module's.
+        self._saved = native().SavedTensorLabeler("cuda" in self._device_types, "cpu" in self._device_types,
+                                                  self.name, [torch.Tensor, torch.nn.Parameter])
 
         self._param_names = {id(p): self._qualify(fqn) for fqn, p in model.named_parameters()}
         self._model_params = frozenset(self._param_names)
@@ -307,28 +340,6 @@ class Watch:
 
         return hook
 
-    def _pack(self, t: Any) -> Any:
-        # Called for every tensor autograd saves: cheap checks first (the
-        # device flags and the storage's start need no Python objects made).
-        if not ((self._record_cuda and t.is_cuda) or (self._record_cpu and t.is_cpu)):
-            return t.detach()
-        try:
-            ptr = t.data_ptr() - t.storage_offset() * t.element_size()
-        except (RuntimeError, NotImplementedError, TypeError):  # no storage: nothing to label
-            ptr = 0
-        if ptr and ptr not in self._saved_this_forward:
-            self._saved_this_forward.add(ptr)
-            s = _storage(t)
-            stack = getattr(self._local, "modules", None)
-            self._annotate(_ACTIVATION, stack[-1] if stack else self.name, ptr, s[1] if s else 0, False)
-        # Not t itself: a saved output holding itself would be a reference
-        # cycle (torch.autograd.graph.saved_tensors_hooks's warning).
-        return t.detach()
-
-    @staticmethod
-    def _unpack(t: Any) -> Any:
-        return t
-
     # ---- module hooks
 
     def _module_hooks(self, name: str, leaf: bool, root: bool) -> tuple[Callable[..., None], Callable[..., None]]:
@@ -397,7 +408,7 @@ class Watch:
         first = Phases.phase != "forward"
         Phases.set_phase("forward")
         self._label_parameters(model)
-        self._saved_this_forward = set(self._param_storages)  # parameters stay parameters
+        self._saved.begin_forward(list(self._param_storages))  # parameters stay parameters
         # The step's inputs are those of the first watched forward; a watched
         # loss module's inputs (the model's outputs) are not.
         for path, t in _tensors(args) if first else ():
@@ -406,7 +417,7 @@ class Watch:
                 self._emit(EventKind.INPUT, f"{self.name}.input{path}", *s)
         import torch.autograd.graph
 
-        hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        hooks = torch.autograd.graph.saved_tensors_hooks(self._saved.pack, self._saved.unpack)
         try:
             hooks.__enter__()
         except RuntimeError:  # saved-tensor hooks are disabled here (e.g. under some wrappers)

@@ -1,0 +1,62 @@
+#include "saved.h"
+
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <algorithm>
+
+#include "format/format.h"
+#include "ops.h"
+#include "recorder.h"
+
+namespace allocscope::saved {
+
+Labeler::Labeler(bool cuda, bool cpu, const std::string& fallback, std::vector<PyObject*> plain_types)
+    : cuda_(cuda), cpu_(cpu), fallback_(Recorder::get().intern(fallback)), plain_types_(std::move(plain_types)) {
+  for (PyObject* t : plain_types_) Py_INCREF(t);
+}
+
+Labeler::~Labeler() {
+  // (destroyed by Python's garbage collection, with the GIL)
+  for (PyObject* t : plain_types_) Py_DECREF(t);
+}
+
+void Labeler::begin_forward(const std::vector<uint64_t>& labelled) {
+  labelled_.clear();
+  labelled_.insert(labelled.begin(), labelled.end());
+}
+
+PyObject* Labeler::pack(PyObject* obj) {
+  if (!THPVariable_Check(obj)) {
+    PyErr_SetString(PyExc_TypeError, "allocscope's saved-tensor hook got something that is not a tensor");
+    return nullptr;
+  }
+  const at::Tensor& t = THPVariable_Unpack(obj);
+  c10::DeviceType device = t.device().type();
+  if ((cuda_ && device == c10::DeviceType::CUDA) || (cpu_ && device == c10::DeviceType::CPU)) {
+    uint64_t ptr = 0, bytes = 0;
+    try {
+      if (t.has_storage()) {
+        const c10::Storage& storage = t.storage();
+        ptr = reinterpret_cast<uint64_t>(storage.data());
+        bytes = storage.nbytes();
+      }
+    } catch (const c10::Error&) {  // a storage that cannot be read: nothing to label
+      ptr = 0;
+    }
+    if (ptr != 0 && labelled_.insert(ptr).second) {
+      Recorder::get().annotate_interned(format::kActivation, ops::innermost_module(fallback_), ptr, bytes);
+    }
+  }
+  if (std::find(plain_types_.begin(), plain_types_.end(), reinterpret_cast<PyObject*>(Py_TYPE(obj))) ==
+      plain_types_.end()) {
+    return PyObject_CallMethod(obj, "detach", nullptr);
+  }
+  try {
+    return THPVariable_Wrap(t.detach());
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+}
+
+}  // namespace allocscope::saved

@@ -1,0 +1,48 @@
+// The saved-tensor pack hook of a watched model's forward (recording/watcher.py).
+//
+// Autograd calls the pack hook for every tensor it saves for backward; the
+// hook labels each storage once per forward as an ACTIVATION of the innermost
+// module open on this thread (the forward module scopes the watcher writes,
+// ops.h keeps them per thread) and returns the tensor detached (the saved
+// tensor must not hold its own grad_fn: a reference cycle). Written in C++
+// because it runs for every saved tensor: in Python it cost a frame, several
+// attribute lookups, a storage object and a detach through the Python API for
+// each (benchmarks/bench_step.py, mode allocscope-watch).
+#pragma once
+
+#include <Python.h>
+
+#include <cstdint>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+namespace allocscope::saved {
+
+class Labeler {
+ public:
+  // cuda/cpu: the recorded devices (tensors elsewhere get no label);
+  // fallback: the label when no module is open (the watch's name);
+  // plain_types: the Python types whose detach needs no Python call
+  // (torch.Tensor, torch.nn.Parameter); other types (subclasses with
+  // __torch_function__) are detached through their own detach().
+  Labeler(bool cuda, bool cpu, const std::string& fallback, std::vector<PyObject*> plain_types);
+  ~Labeler();
+  Labeler(const Labeler&) = delete;
+  Labeler& operator=(const Labeler&) = delete;
+
+  // A forward of the model begins: the storages labelled already (its
+  // parameters) stay what they are.
+  void begin_forward(const std::vector<uint64_t>& labelled);
+  // The hook: a new reference to the tensor to save, or nullptr with a Python
+  // error set. The caller holds the GIL.
+  PyObject* pack(PyObject* tensor);
+
+ private:
+  bool cuda_, cpu_;
+  uint32_t fallback_;
+  std::vector<PyObject*> plain_types_;  // strong references
+  std::unordered_set<uint64_t> labelled_;
+};
+
+}  // namespace allocscope::saved
