@@ -5,11 +5,13 @@ backward allocations inherit, on CPU."""
 import json
 
 import numpy as np
+import pytest
 import torch
 from torch import nn
 
 import allocscope
 from allocscope import EventKind
+from allocscope.common.errors import InputError
 from allocscope.attribution import CATEGORIES, attribute
 from allocscope.attribution.timeline import site_labels
 from allocscope.reports import build_report
@@ -223,3 +225,5 @@ def test_by_default_ops_are_recorded_from_the_first_watch_on(tmp_path):
     cap = allocscope.load(tmp_path / "n.alsc")
     assert cap.metadata["ops"] == "watch" and not cap.events.op.any()
     assert "Top ops: none recorded" in render(build_report(cap))  # and says how to record them
+    with pytest.raises(InputError, match="ops must be"):
+        allocscope.record(tmp_path / "x.alsc", device="cpu", ops="yes")

@@ -41,12 +41,16 @@ def test_run_records_an_unmodified_script(tmp_path):
     assert (top.filename, top.function, top.line) == (SCRIPT, "main", MARKER_LINE)
     # Recording started when torch was imported: the model's parameters are in it.
     assert (cap.events.size == 32 * 16 * 4).any()
+    # By default ops are recorded from the first watch() on: the script watches nothing.
+    assert cap.metadata["ops"] == "watch" and not cap.events.op.any()
 
 
+@pytest.mark.torch_agnostic  # the command line's and the harness's logic
 def test_python_is_implied_for_a_script_and_exit_status_is_passed_on(tmp_path):
-    result, out = run(tmp_path, "--", SCRIPT, "exit3")
+    result, out = run(tmp_path, "--no-ops", "--", SCRIPT, "exit3")
     assert result.returncode == 3
-    assert allocscope.load(out).complete
+    cap = allocscope.load(out)
+    assert cap.complete and cap.metadata["ops"] is False  # (and --no-ops reached the recording)
 
 
 def test_an_exception_in_the_script_still_finishes_the_file(tmp_path):
@@ -63,6 +67,7 @@ def test_sigterm_in_the_script_finishes_the_file(tmp_path):
     assert cap.complete and cap.footer["reason"] == "SIGTERM"
 
 
+@pytest.mark.torch_agnostic  # the command line's and the harness's logic
 def test_spawned_worker_processes_write_their_own_files(tmp_path):
     result, out = run(tmp_path, "--", SCRIPT, "spawn")
     assert result.returncode == 0, result.stderr
@@ -73,6 +78,7 @@ def test_spawned_worker_processes_write_their_own_files(tmp_path):
     assert (worker.events.size == 77 * 4).any()
 
 
+@pytest.mark.torch_agnostic  # the command line's and the harness's logic
 def test_a_worker_process_that_holds_no_memory_leaves_no_file(tmp_path):
     # Inductor's compile workers import torch (and initialize CUDA) but hold
     # no memory: one empty FILE.pidN per worker said nothing
@@ -82,6 +88,7 @@ def test_a_worker_process_that_holds_no_memory_leaves_no_file(tmp_path):
     assert [p for p in os.listdir(tmp_path) if p.startswith("run.pid")] == []
 
 
+@pytest.mark.torch_agnostic  # the command line's and the harness's logic
 def test_existing_output_needs_force(tmp_path):
     (tmp_path / "run.alsc").write_bytes(b"old")
     result, _ = run(tmp_path, "--", SCRIPT)
@@ -90,12 +97,14 @@ def test_existing_output_needs_force(tmp_path):
     assert result.returncode == 0 and allocscope.load(out).complete
 
 
+@pytest.mark.torch_agnostic  # the command line's and the harness's logic
 def test_a_command_that_never_uses_torch_writes_nothing(tmp_path):
     result, out = run(tmp_path, "--", sys.executable, os.path.join(ROOT, "tests", "scripts", "no_torch.py"))
     assert result.returncode == 0 and "no capture was written" in result.stderr
     assert not out.exists()
 
 
+@pytest.mark.torch_agnostic  # the command line's and the harness's logic
 def test_a_missing_command_is_a_clear_error(tmp_path):
     result, _ = run(tmp_path, "--", "/no/such/program")
     assert result.returncode == 2 and "cannot run /no/such/program" in result.stderr
@@ -155,18 +164,16 @@ def test_run_without_recording_on_a_card_too_small(tmp_path):
     assert "total capacity of 1024.00 MiB" in small.stderr
 
 
-@pytest.mark.parametrize("flag, metadata, recorded", [(None, "watch", False), ("--ops", True, True),
-                                                      ("--no-ops", False, False)])
-def test_run_records_ops_as_asked(tmp_path, flag, metadata, recorded):
-    """train_small.py watches nothing: by default (ops from the first watch
-    on) its allocations carry no op; --ops records them from the start."""
-    result, out = run(tmp_path, *([flag] if flag else []), "--", sys.executable, SCRIPT)
+def test_run_records_ops_from_the_start_with_ops(tmp_path):
+    """train_small.py watches nothing: by default its allocations carry no op
+    (test_run_records_an_unmodified_script); --ops records them from the start."""
+    result, out = run(tmp_path, "--ops", "--", sys.executable, SCRIPT)
     assert result.returncode == 0, result.stderr
     cap = allocscope.load(out)
-    assert cap.metadata["ops"] == metadata
-    assert bool(cap.events.op.any()) == recorded
+    assert cap.metadata["ops"] is True and cap.events.op.any()
 
 
+@pytest.mark.torch_agnostic  # the command line's and the harness's logic
 def test_run_refuses_ops_and_no_ops_together(tmp_path):
     result, _ = run(tmp_path, "--ops", "--no-ops", "--", sys.executable, SCRIPT)
     assert result.returncode != 0 and "not allowed with" in result.stderr

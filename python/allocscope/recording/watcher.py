@@ -133,7 +133,8 @@ class PythonSavedTensorLabeler:
     """The saved-tensor hook in Python, as the watcher ran it before the C++
     one (csrc/recorder/saved.h, native SavedTensorLabeler) replaced it: the
     reference that one is tested against (tests/integration/test_watch_saved.py)
-    and timed against (benchmarks/bench_step.py, allocscope-watch-pypack)."""
+    and timed against (benchmarks/bench_saved_hook.py; bench_step.py's
+    allocscope-watch-pypack)."""
 
     def __init__(self, watch: "Watch"):
         self._watch, self._labelled = watch, set()
