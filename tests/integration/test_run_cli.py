@@ -177,3 +177,50 @@ def test_run_records_ops_from_the_start_with_ops(tmp_path):
 def test_run_refuses_ops_and_no_ops_together(tmp_path):
     result, _ = run(tmp_path, "--ops", "--no-ops", "--", sys.executable, SCRIPT)
     assert result.returncode != 0 and "not allowed with" in result.stderr
+
+
+UNWATCHED = """\
+import json, torch
+from torch import nn
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+for _ in range(2):
+    model(torch.randn(8, 16)).square().mean().backward()
+    opt.step()
+
+def nbytes(tensors):
+    return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
+
+# live until the recording stops at exit: the parameters, their gradients, Adam's state
+print(json.dumps({"parameter": nbytes(model.parameters()), "gradient": nbytes(p.grad for p in model.parameters()),
+                  "optimizer_state": nbytes(v for s in opt.state.values() for v in s.values() if torch.is_tensor(v))}))
+"""
+
+
+@pytest.mark.torch_agnostic  # the flag's way to the recording; watching itself is tested on both torches
+def test_run_watch_names_the_memory_of_a_script_that_never_mentions_allocscope(tmp_path):
+    import json
+
+    from allocscope.attribution import attribute, moment
+
+    (tmp_path / "train.py").write_text(UNWATCHED)
+    result, out = run(tmp_path, "--watch", "--", sys.executable, str(tmp_path / "train.py"))
+    assert result.returncode == 0, result.stderr
+    expected = json.loads(result.stdout.strip().splitlines()[-1])
+    cap = allocscope.load(out)
+    assert [w.get("name") for w in attribute(cap).watches] == ["Sequential"]
+    m = moment(attribute(cap), len(cap.events) - 1)
+    for category, nbytes in expected.items():
+        assert nbytes > 0 and m.by_category[category] == nbytes, category
+    assert {"Sequential.0", "Sequential.2"} <= set(m.by_module)  # the layers own their parameters' bytes
+    assert cap.metadata["ops"] == "watch" and cap.events.op.any()  # ops from the watch on
+
+
+@pytest.mark.torch_agnostic
+def test_run_refuses_recording_options_without_a_recording(tmp_path):
+    for flag in ("--watch", "--ops", "--no-ops"):
+        result = subprocess.run([sys.executable, "-m", "allocscope", "run", "--gpu", "H100-80GB", "--no-record", flag,
+                                 "--", sys.executable, "-c", "pass"], capture_output=True, text=True, timeout=120)
+        assert result.returncode != 0 and "not with --no-record" in result.stderr, flag
+        assert "Traceback" not in result.stderr
