@@ -286,3 +286,23 @@ def test_the_python_api_returns_the_document_fit_json_prints(tmp_path, script, m
         allocscope.fit([script, "1"], ["B200-999GB"])
     with pytest.raises(allocscope.InputError, match="is not NAME=LOW..HIGH"):
         allocscope.fit([script, "{N}"], ["L4-24GB"], search="N=1-2")
+
+
+def test_gpu_memory_gives_every_card_that_memory(tmp_path, script):
+    """--gpu-memory: the cards torch sees have the memory given, and the
+    verdicts follow it (13 GiB fits on a 40 GB A100 and a 24 GB L4, not on
+    12 GiB); $ALLOCSCOPE_VGPU_MEMORY is its default."""
+    result = fit(tmp_path, "--gpu", "A100-40GB", "--gpu", "L4-24GB", "--gpu-memory", "12GiB", "--json", "--",
+                 script, "13")
+    assert result.returncode == 1, result.stderr
+    cards = json.loads(result.stdout)["cards"]
+    assert [c["verdict"] for c in cards] == ["out of memory", "out of memory"]
+    assert [c["total_bytes"] for c in cards] == [12 << 30, 12 << 30]
+    result = fit(tmp_path, "--gpu", "A100-40GB", "--force", "--json", "--", script, "10",
+                 ALLOCSCOPE_VGPU_MEMORY="12GiB")
+    assert result.returncode == 0, result.stderr
+    (card,) = json.loads(result.stdout)["cards"]
+    assert card["verdict"] == "fits" and card["total_bytes"] == 12 << 30
+    assert 0 < card["headroom_bytes"] < 2 << 30
+    bad = fit(tmp_path, "--gpu", "A100-40GB", "--gpu-memory", "lots", "--", script, "1")
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 NAME = "fit"
 HELP = "run a command on virtual GPUs of several models: does it fit on each, and with how much room"
@@ -42,6 +43,7 @@ standard error.
 examples:
   allocscope fit --gpu A100-40GB --gpu L4-24GB -- python train.py --steps 2
   allocscope fit --gpu T4-16GB --json -- train.py --batch-size 64
+  allocscope fit --gpu H100-80GB --gpu-memory 20GiB -- python train.py   (20 GiB left on a shared H100)
   allocscope fit --gpu A100-40GB --search BATCH=1..1024 -- python train.py --batch-size {BATCH}
   allocscope fit --gpu H100-80GB --world-size 1024 --rank 0 --rank 1023 -- python train.py
   allocscope run --gpu list                         (the models)
@@ -51,6 +53,9 @@ examples:
 def prepare_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu", metavar="GPU", action="append", required=True,
                         help="a virtual GPU model to try (repeat for several; `allocscope run --gpu list`)")
+    parser.add_argument("--gpu-memory", metavar="SIZE",
+                        help="every card's memory instead of its model's (e.g. 20GiB: what is left on a shared "
+                             "card); default: $ALLOCSCOPE_VGPU_MEMORY where set")
     parser.add_argument("-o", "--output-dir", metavar="DIR", default="allocscope-fit",
                         help="where the captures go, one per card (default: allocscope-fit)")
     parser.add_argument("-f", "--force", action="store_true", help="overwrite captures already in DIR")
@@ -86,8 +91,11 @@ def run(args: argparse.Namespace) -> int:
 
     if args.top < 1:
         raise InputError("--top must be at least 1")
+    from ..vgpu import ENV_MEMORY
+
+    memory = args.gpu_memory if args.gpu_memory is not None else os.environ.get(ENV_MEMORY) or None
     doc = fit(args.command, args.gpu, output_dir=args.output_dir, force=args.force, stacks=args.stacks, top=args.top,
-              search=args.search, stdout_to_stderr=args.json, world=world_from(args))
+              search=args.search, stdout_to_stderr=args.json, world=world_from(args), gpu_memory=memory)
     if args.json:
         print(json.dumps(doc, indent=1))
     else:

@@ -27,7 +27,8 @@ __all__ = ["fit"]
 
 def fit(command: Sequence[str], gpus: Sequence[str], *, output_dir: str = "allocscope-fit", force: bool = False,
         stacks: str = "python", top: int = 5, search: str | tuple[str, int, int] | None = None,
-        stdout_to_stderr: bool = False, world: World | None = None) -> dict[str, Any]:
+        stdout_to_stderr: bool = False, world: World | None = None,
+        gpu_memory: int | str | None = None) -> dict[str, Any]:
     """Runs `command` (a script runs with this Python) on a virtual GPU of each
     model in `gpus` (`allocscope run --gpu list`), recording it into
     output_dir (one capture per card, kept), and returns the fit document:
@@ -38,6 +39,10 @@ def fit(command: Sequence[str], gpus: Sequence[str], *, output_dir: str = "alloc
     search: "NAME=LOW..HIGH" (or (NAME, LOW, HIGH)): find on each card the
     largest value of NAME that fits, the value reaching the command through
     {NAME} in its arguments and the environment variable NAME.
+
+    gpu_memory: every card's memory instead of its model's ("20GiB": what is
+    left on a shared card, say; a number is bytes); a search then runs every
+    value on every card (no card has more memory than another to foresee from).
 
     force: overwrite the captures of an earlier fit in output_dir.
     stdout_to_stderr: the command's standard output goes to standard error
@@ -61,7 +66,7 @@ def fit(command: Sequence[str], gpus: Sequence[str], *, output_dir: str = "alloc
         raise InputError("no GPU given: --gpu A100-40GB (`allocscope run --gpu list`)")
     if world is not None and search is not None:
         raise InputError("--search with --world-size is not supported yet: search with the ranks of a smaller job")
-    runs = _Runs(cmd, os.path.abspath(output_dir), stacks, top, search, stdout_to_stderr, world)
+    runs = _Runs(cmd, os.path.abspath(output_dir), stacks, top, search, stdout_to_stderr, world, gpu_memory)
     runs.prepare(gpus, force)
     if search is None:
         from ..reports.fit import fit_document
@@ -89,9 +94,9 @@ class _Runs:
     parameter) and makes its card_result; captures in `directory`."""
 
     def __init__(self, cmd: list[str], directory: str, stacks: str, top: int, search: tuple[str, int, int] | None,
-                 stdout_to_stderr: bool, world: World | None = None):
+                 stdout_to_stderr: bool, world: World | None = None, gpu_memory: int | str | None = None):
         self.cmd, self.directory, self.stacks, self.top, self.search = cmd, directory, stacks, top, search
-        self.stdout_to_stderr, self.world = stdout_to_stderr, world
+        self.stdout_to_stderr, self.world, self.gpu_memory = stdout_to_stderr, world, gpu_memory
         self.ran: dict[tuple[str, int], dict[str, Any]] = {}  # (gpu, value) -> card result, for predictions
 
     def path(self, gpu: str, value: int | None = None) -> str:
@@ -110,7 +115,7 @@ class _Runs:
         from .. import vgpu
 
         for gpu in gpus:
-            vgpu.environment(gpu)
+            vgpu.environment(gpu, memory=self.gpu_memory)
             if self.world is not None:
                 from .world import node_gpus
 
@@ -132,7 +137,8 @@ class _Runs:
         from .world import check_initialized, node_gpus, rank_environment, report_file
 
         path = self.path(gpu, value)
-        cmd, env = self.cmd, vgpu.environment(gpu if self.world is None else node_gpus(gpu, self.world))
+        cmd, env = self.cmd, vgpu.environment(gpu if self.world is None else node_gpus(gpu, self.world),
+                                              memory=self.gpu_memory)
         if value is not None:
             name = self.search[0]
             cmd = [a.replace("{" + name + "}", str(value)) for a in cmd]
@@ -178,7 +184,7 @@ class _Runs:
         from ..reports.allocator import shortfall
 
         mine = _single_preset(gpu)
-        if mine is None:
+        if mine is None or self.gpu_memory is not None:  # (every card has the memory given)
             return {}
         larger = sorted((p.total_memory, g) for g in searched
                         if (p := _single_preset(g)) is not None and _same_chip(p, mine)
