@@ -26,7 +26,8 @@ integer parameter (batch size, sequence length, layers, ...) at which the
 command fits, taking a value that fits to fit below it too: each run is made
 where the memory measured so far (the headroom of a run that fit, the
 shortfall of one that ran out) puts the boundary, or at the middle of what is
-left, so at most about 2 log2(HIGH - LOW) runs and often 3 or 4. A card
+left, never more than bisection's ceil(log2(HIGH - LOW + 2)) runs plus one,
+and often 3 or 4. A card
 searched after a larger one of the same chip (A100-40GB after A100-80GB)
 starts from replays of that card's runs with its own memory
 (`allocscope simulate --limit`), and runs only what they leave open. The

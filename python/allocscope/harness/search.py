@@ -40,13 +40,19 @@ def search_largest(low: int, high: int, run: Callable[[int], dict[str, Any]],
     value that fits to fit below it too: run(v) is the card's result at v.
     SearchFailed where a run fails for another reason.
 
-    Each run narrows the range [largest known to fit, smallest known not to]:
-    at its middle (bisection, about log2(high - low + 2) runs), or where the
-    memory the runs measured says the boundary is (the headroom of the run
-    that fit and the shortfall of the one that ran out, interpolated: often
-    two or three runs fewer), with a bisection whenever an interpolated run
-    did not halve the range, so that it never takes much more than
-    bisection.
+    Each run narrows the range [largest known to fit, smallest known not to]
+    where the memory the runs measured says the boundary is: the headroom of
+    a run that fit and the shortfall of one that ran out, interpolated (the
+    middle where there are not two), with the end that two runs in a row left
+    in place weakened (the Illinois rule: a shortfall is what the failing
+    request lacked, often less than the whole deficit, so interpolation alone
+    creeps towards the boundary from one side). 3 or 4 runs where memory grows
+    linearly, and never more than one run more than bisection's
+    ceil(log2(width)) for the range's width (above - below): each run is kept
+    where the range it leaves is at most 2^(the runs left in that budget), so
+    that bisection could still end it in those; early on that lets the
+    interpolation go anywhere (the projection of the ITP method, Oliveira and
+    Takahashi 2020).
 
     known: results foreseen without a run (replays of a larger card's runs at
     those values, same chip): they narrow the range before the first run.
@@ -71,15 +77,29 @@ def search_largest(low: int, high: int, run: Callable[[int], dict[str, Any]],
         seen = {**foreseen, **tried}
         below = max((v for v, c in seen.items() if c["verdict"] == "fits"), default=low - 1)
         above = min((v for v, c in seen.items() if c["verdict"] != "fits" and v > below), default=high + 1)
-        halve = False  # the next step bisects
+        budget = (above - below - 1).bit_length() + 1  # runs: bisection's ceil(log2(width)), and one
+        damp: dict[int, int] = {}  # measured ends the interpolation weakens (Illinois)
+        last = None  # whether the last run fit
         while above - below > 1:
-            width, middle = above - below, (below + above) // 2
-            v = middle if halve else _interpolated(below, above, seen)
+            v = _interpolated(below, above, seen, damp)
+            budget -= 1  # the runs left after this one
+            reach = 1 << max(budget, 0)  # the widest range this run may leave: bisection ends it in those
+            if v + 1 < above and above - v - 1 > reach // 2 and v - below <= reach // 2:
+                # The boundary foreseen at v (the last that fits) is settled by v and v + 1. Where v + 1
+                # could not follow v within the budget (above - v - 1 would be left), v + 1 goes first:
+                # if it runs out as foreseen, v follows, leaving at most v - below.
+                v += 1
+            v = min(max(v, above - reach, below + 1), below + reach, above - 1)
             fits = ran(v)
             seen[v] = tried[v]
+            if fits == last:
+                # The same side twice (an interpolation creeping towards the boundary from one side,
+                # as when a shortfall is less than the whole deficit): the end kept counts half as much
+                # in the next interpolation, so that the next run lands past the boundary.
+                kept = above if fits else below
+                damp[kept] = damp.get(kept, 1) * 2
+            last = fits
             below, above = (v, above) if fits else (below, v)
-            # An interpolation that did not halve the range: the next step bisects.
-            halve = v != middle and above - below > (width + 1) // 2
         ends = [v for v in (below, above) if low <= v <= high]
         if all(ran(v) == (v == below) for v in ends) or not foreseen:
             break
@@ -90,7 +110,7 @@ def search_largest(low: int, high: int, run: Callable[[int], dict[str, Any]],
             "at_largest": tried.get(below), "at_next": tried.get(above)}
 
 
-def _interpolated(below: int, above: int, seen: dict[int, dict[str, Any]]) -> int:
+def _interpolated(below: int, above: int, seen: dict[int, dict[str, Any]], damp: dict[int, int]) -> int:
     """The value to run next, strictly between below (fits) and above (does
     not): where a line through two measured points of the memory missing
     (-headroom where a run fit, the shortfall where it ran out) crosses zero,
@@ -101,6 +121,9 @@ def _interpolated(below: int, above: int, seen: dict[int, dict[str, Any]]) -> in
                if c["verdict"] == "fits" and c.get("headroom_bytes") is not None and c["headroom_bytes"] >= 0}
     missing |= {v: c["shortfall_bytes"] for v, c in seen.items()
                 if c["verdict"] != "fits" and (c.get("shortfall_bytes") or 0) > 0}
+    for v, k in damp.items():
+        if v in missing:
+            missing[v] = missing[v] // k if missing[v] > 0 else -(-missing[v] // k)
     if below in missing and above in missing:
         pair = (below, above)
     elif above in missing:
