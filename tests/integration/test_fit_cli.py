@@ -291,18 +291,27 @@ def test_the_python_api_returns_the_document_fit_json_prints(tmp_path, script, m
 def test_gpu_memory_gives_every_card_that_memory(tmp_path, script):
     """--gpu-memory: the cards torch sees have the memory given, and the
     verdicts follow it (13 GiB fits on a 40 GB A100 and a 24 GB L4, not on
-    12 GiB); $ALLOCSCOPE_VGPU_MEMORY is its default."""
+    12 GiB)."""
     result = fit(tmp_path, "--gpu", "A100-40GB", "--gpu", "L4-24GB", "--gpu-memory", "12GiB", "--json", "--",
                  script, "13")
     assert result.returncode == 1, result.stderr
     cards = json.loads(result.stdout)["cards"]
     assert [c["verdict"] for c in cards] == ["out of memory", "out of memory"]
     assert [c["total_bytes"] for c in cards] == [12 << 30, 12 << 30]
-    result = fit(tmp_path, "--gpu", "A100-40GB", "--force", "--json", "--", script, "10",
-                 ALLOCSCOPE_VGPU_MEMORY="12GiB")
-    assert result.returncode == 0, result.stderr
-    (card,) = json.loads(result.stdout)["cards"]
-    assert card["verdict"] == "fits" and card["total_bytes"] == 12 << 30
-    assert 0 < card["headroom_bytes"] < 2 << 30
-    bad = fit(tmp_path, "--gpu", "A100-40GB", "--gpu-memory", "lots", "--", script, "1")
-    assert bad.returncode != 0 and "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_gpu_memory_defaults_to_the_environment_s_and_a_bad_size_is_one_line(tmp_path, monkeypatch, capsys):
+    import allocscope.harness.fit as harness
+    from allocscope.cli import main
+
+    asked = {}
+    monkeypatch.setattr(harness, "fit", lambda *a, **kw: asked.update(kw) or {"fits_everywhere": True, "cards": []})
+    monkeypatch.setattr("allocscope.reports.fit.render_fit", lambda doc, top: "")
+    monkeypatch.setenv("ALLOCSCOPE_VGPU_MEMORY", "12GiB")
+    assert main(["fit", "--gpu", "A100-40GB", "--", "train.py"]) == 0 and asked["gpu_memory"] == "12GiB"
+    assert main(["fit", "--gpu", "A100-40GB", "--gpu-memory", "20GiB", "--", "train.py"]) == 0
+    assert asked["gpu_memory"] == "20GiB"  # the option over the environment
+    monkeypatch.undo()
+    assert main(["fit", "--gpu", "A100-40GB", "--gpu-memory", "lots", "-o", str(tmp_path), "--", "train.py"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "lots" in err[0]

@@ -115,7 +115,8 @@ def _interpolated(below: int, above: int, seen: dict[int, dict[str, Any]], damp:
     not): where a line through two measured points of the memory missing
     (-headroom where a run fit, the shortfall where it ran out) crosses zero,
     the two around the range when both ends were run, else the two nearest
-    on the side that was; the middle where there are not two."""
+    on the side that was; the middle where there are not two. damp: points
+    whose memory missing counts 1/k (Illinois: ends kept by runs in a row)."""
     middle = (below + above) // 2
     missing = {v: -c["headroom_bytes"] for v, c in seen.items()
                if c["verdict"] == "fits" and c.get("headroom_bytes") is not None and c["headroom_bytes"] >= 0}
