@@ -46,7 +46,8 @@ def linear(cases: int, rng: random.Random) -> dict:
     for _ in range(cases):
         base, per = rng.randint(0, 10**9), rng.randint(1, 10**7)
         budget, low, span = rng.randint(0, 2 * 10**10), rng.randint(1, 64), rng.randint(0, 4096)
-        out = search_largest(low, low + span, memory(lambda v: base + per * v, budget, rng.choice([1, 1, 2, 4])))
+        out = search_largest(low, low + span, memory(lambda v, base=base, per=per: base + per * v, budget,
+                                                     rng.choice([1, 1, 2, 4])))
         runs.append(out["runs"])
         over += out["runs"] > math.ceil(math.log2(span + 2)) + 1
     return summary(runs, over)
@@ -58,7 +59,7 @@ def replayed(cases: int, rng: random.Random) -> dict:
         base, per = rng.randint(0, 2 * 10**9), rng.randint(10**8, 2 * 10**9)
         big, small = 80 * 10**9, 40 * 10**9
 
-        def need(v):
+        def need(v, base=base, per=per):
             return base + per * v
 
         larger = search_largest(20, 70, memory(need, big))

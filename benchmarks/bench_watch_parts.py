@@ -32,6 +32,57 @@ from _common import emit, environment, on_virtual_gpu
 from bench_step import run_steps, workloads
 
 
+def measure(name, model, make_input, loss_fn, device, args, path) -> dict:
+    """One workload: each part alone, interleaved over rounds."""
+    C = native()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    run_steps(model, opt, make_input, loss_fn, 3, device)
+
+    def saved(pack, unpack):
+        h = torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+        h.__enter__()
+        return lambda: h.__exit__(None, None, None)
+
+    def module_hooks():
+        hs = [h for m in model.modules() for h in (m.register_forward_pre_hook(lambda m, a: None),
+                                                   m.register_forward_hook(lambda m, a, o: None, always_call=True))]
+        return lambda: [h.remove() for h in hs]
+
+    def grad_hooks():
+        hs = [p.register_post_accumulate_grad_hook(lambda p: None) for p in model.parameters()]
+        return lambda: [h.remove() for h in hs]
+
+    def native_saved():
+        lab = C.SavedTensorLabeler(device == "cuda", device == "cpu", name, [torch.Tensor, torch.nn.Parameter])
+        return saved(lab.pack, lab.unpack)
+
+    parts = {"recording": lambda rec: (lambda: None),
+             "ops": lambda rec: (C.start_ops(), lambda: None)[1],
+             "saved_hooks_native": lambda rec: native_saved(),
+             "saved_hooks_python": lambda rec: saved(lambda t: t.detach(), lambda t: t),
+             "empty_module_hooks": lambda rec: module_hooks(),
+             "empty_grad_hooks": lambda rec: grad_hooks(),
+             "watch": lambda rec: rec.watch(model, opt).remove}
+
+    def timed(setup):
+        with allocscope.record(path, device=device, ops=False) as rec:
+            undo = setup(rec)
+            run_steps(model, opt, make_input, loss_fn, 2, device)
+            t = run_steps(model, opt, make_input, loss_fn, args.steps, device)
+            undo()
+        return t
+
+    off, samples = [], {m: [] for m in parts}
+    for _ in range(args.rounds):
+        off.append(run_steps(model, opt, make_input, loss_fn, args.steps, device))
+        for m, setup in parts.items():
+            samples[m].append(timed(setup))
+    o = statistics.median(off)
+    return {"off_ms": round(o * 1e3, 3),
+            "ms_over_off": {m: round((statistics.median(v) - o) * 1e3, 3) for m, v in samples.items()},
+            "fastest_ms_over_fastest_off": {m: round((min(v) - min(off)) * 1e3, 3) for m, v in samples.items()}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gpu", help="run on this virtual GPU")
@@ -41,57 +92,10 @@ def main() -> None:
     args = parser.parse_args()
     on_virtual_gpu(args.gpu)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    C = native()
     path = os.path.join(tempfile.mkdtemp(), "parts.alsc")
     results = {}
     for name, (model, make_input, loss_fn, config) in workloads(device, False).items():
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        run_steps(model, opt, make_input, loss_fn, 3, device)
-
-        def saved(pack, unpack):
-            h = torch.autograd.graph.saved_tensors_hooks(pack, unpack)
-            h.__enter__()
-            return lambda: h.__exit__(None, None, None)
-
-        def module_hooks():
-            hs = [h for m in model.modules() for h in (m.register_forward_pre_hook(lambda m, a: None),
-                                                       m.register_forward_hook(lambda m, a, o: None, always_call=True))]
-            return lambda: [h.remove() for h in hs]
-
-        def grad_hooks():
-            hs = [p.register_post_accumulate_grad_hook(lambda p: None) for p in model.parameters()]
-            return lambda: [h.remove() for h in hs]
-
-        def native_saved():
-            lab = C.SavedTensorLabeler(device == "cuda", device == "cpu", name, [torch.Tensor, torch.nn.Parameter])
-            return saved(lab.pack, lab.unpack)
-
-        parts = {"recording": lambda rec: (lambda: None),
-                 "ops": lambda rec: (C.start_ops(), lambda: None)[1],
-                 "saved_hooks_native": lambda rec: native_saved(),
-                 "saved_hooks_python": lambda rec: saved(lambda t: t.detach(), lambda t: t),
-                 "empty_module_hooks": lambda rec: module_hooks(),
-                 "empty_grad_hooks": lambda rec: grad_hooks(),
-                 "watch": lambda rec: rec.watch(model, opt).remove}
-
-        def timed(setup):
-            with allocscope.record(path, device=device, ops=False) as rec:
-                undo = setup(rec)
-                run_steps(model, opt, make_input, loss_fn, 2, device)
-                t = run_steps(model, opt, make_input, loss_fn, args.steps, device)
-                undo()
-            return t
-
-        off, samples = [], {m: [] for m in parts}
-        for _ in range(args.rounds):
-            off.append(run_steps(model, opt, make_input, loss_fn, args.steps, device))
-            for m, setup in parts.items():
-                samples[m].append(timed(setup))
-        o = statistics.median(off)
-        results[name] = {"config": config, "off_ms": round(o * 1e3, 3),
-                         "ms_over_off": {m: round((statistics.median(v) - o) * 1e3, 3) for m, v in samples.items()},
-                         "fastest_ms_over_fastest_off": {m: round((min(v) - min(off)) * 1e3, 3)
-                                                         for m, v in samples.items()}}
+        results[name] = {"config": config, **measure(name, model, make_input, loss_fn, device, args, path)}
     emit({"benchmark": "watch_parts", **environment(), "device": device, "rounds": args.rounds,
           "steps": args.steps, "results": results}, args.out)
 
