@@ -2,6 +2,8 @@
 
     python benchmarks/bench_watch_parts.py --gpu H100-80GB [--rounds 15] [--out FILE]
 
+(On a GPU or the virtual one: on the CPU the models compute for real, for minutes.)
+
 bench_step.py's GPT and ResNet steps, each timed inside a recording without
 ops (record()'s default where nothing is watched) with one part of watching
 added alone:
