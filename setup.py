@@ -186,10 +186,11 @@ def build_vgpu(out_dir: str, work_dir: str) -> bool:
         # before torch (vgpu.activate), so any other symbol they exported
         # would stand in for torch's own: the weak instantiations of the C++
         # library's inline functions and templates that every object file
-        # carries (std::vector, and with GCC 13's headers exception_ptr's
-        # reference counting among them). Where a library exported those, an
-        # exception caught anywhere in torch arrived as "e_ptr INTERNAL
-        # ASSERT FAILED" on the H100 machine (torch 2.11, GCC 14's libstdc++).
+        # carries (std::vector's, and with GCC 13's headers exception_ptr's
+        # reference counting among them). That is the likely cause of the
+        # H100 machine's failure (docs/vgpu.md, "Exceptions on the GPU
+        # machine"), where every exception caught in torch arrived as "e_ptr
+        # INTERNAL ASSERT FAILED"; not yet confirmed there.
         script = os.path.join(work_dir, f"{name}.map")
         with open(script, "w") as f:
             f.write(f"{version_node or ''} {{ global: {_vgpu_exports(name)} local: *; }};\n")
