@@ -42,8 +42,15 @@ const Preset* find_preset(const std::string& key) {
   return nullptr;
 }
 
-// "H100-80GB", "2xH100-80GB", "H100-80GB,A100-40GB".
-bool parse_devices(const char* spec, std::vector<const Preset*>* out) {
+struct Device {
+  const Preset* preset;
+  uint64_t memory;  // bytes; 0: the preset's (or ALLOCSCOPE_VGPU_MEMORY's)
+};
+
+// "H100-80GB", "2xH100-80GB", "H100-80GB,A100-40GB", and a device's own
+// memory in bytes after a colon: "H100-80GB:21474836480" (allocscope's
+// Python side writes sizes such as "20GiB" out in bytes).
+bool parse_devices(const char* spec, std::vector<Device>* out) {
   std::string text(spec);
   size_t start = 0;
   while (start <= text.size()) {
@@ -57,9 +64,15 @@ bool parse_devices(const char* spec, std::vector<const Preset*>* out) {
       count = std::atoi(item.substr(0, x).c_str());
       item = item.substr(x + 1);
     }
+    uint64_t memory = 0;
+    size_t colon = item.find(':');
+    if (colon != std::string::npos) {
+      if (!parse_u64(item.c_str() + colon + 1, &memory) || memory < kGranularity) return false;
+      item.erase(colon);
+    }
     const Preset* preset = find_preset(item);
     if (preset == nullptr || count < 1 || count > 16) return false;
-    for (int i = 0; i < count; ++i) out->push_back(preset);
+    for (int i = 0; i < count; ++i) out->push_back(Device{preset, memory});
     if (comma == std::string::npos) break;
     start = comma + 1;
   }
@@ -70,8 +83,8 @@ Config load_config() {
   Config c;
   const char* spec = std::getenv("ALLOCSCOPE_VGPU");
   if (spec == nullptr || *spec == '\0') return c;
-  std::vector<const Preset*> presets;
-  if (!parse_devices(spec, &presets)) {
+  std::vector<Device> devices;
+  if (!parse_devices(spec, &devices)) {
     config_error(std::string("ALLOCSCOPE_VGPU=") + spec + " names no known GPU (allocscope run --gpu list)");
     return c;
   }
@@ -91,9 +104,9 @@ Config load_config() {
     config_error(std::string("ALLOCSCOPE_VGPU_EVENT_POLLS=") + p + " is not a count");
     return c;
   }
-  for (const Preset* preset : presets) {
-    uint64_t total = memory != 0 ? memory : preset->total_mib << 20;
-    c.devices.push_back(DeviceInfo{preset, total, std::min(context, total)});
+  for (const Device& d : devices) {  // a device's own memory, else everyone's, else its model's
+    uint64_t total = d.memory != 0 ? d.memory : memory != 0 ? memory : d.preset->total_mib << 20;
+    c.devices.push_back(DeviceInfo{d.preset, total, std::min(context, total)});
   }
   c.event_polls = static_cast<int>(polls);
   return c;

@@ -288,16 +288,36 @@ def test_the_python_api_returns_the_document_fit_json_prints(tmp_path, script, m
         allocscope.fit([script, "{N}"], ["L4-24GB"], search="N=1-2")
 
 
-def test_gpu_memory_gives_every_card_that_memory(tmp_path, script):
-    """--gpu-memory: the cards torch sees have the memory given, and the
-    verdicts follow it (13 GiB fits on a 40 GB A100 and a 24 GB L4, not on
-    12 GiB)."""
-    result = fit(tmp_path, "--gpu", "A100-40GB", "--gpu", "L4-24GB", "--gpu-memory", "12GiB", "--json", "--",
+def test_gpu_memory_gives_every_card_that_memory_but_a_card_s_own(tmp_path, script):
+    """--gpu-memory: the cards torch sees have the memory given, but one given
+    its own (GPU:SIZE), and the verdicts follow it: 13 GiB fits on a 40 GB
+    A100 and on a 24 GB L4, not in 12 GiB; on the L4 given 20 GiB, it does."""
+    result = fit(tmp_path, "--gpu", "A100-40GB", "--gpu", "L4-24GB:20GiB", "--gpu-memory", "12GiB", "--json", "--",
                  script, "13")
     assert result.returncode == 1, result.stderr
     cards = json.loads(result.stdout)["cards"]
-    assert [c["verdict"] for c in cards] == ["out of memory", "out of memory"]
-    assert [c["total_bytes"] for c in cards] == [12 << 30, 12 << 30]
+    assert [c["gpu"] for c in cards] == ["A100-40GB", "L4-24GB:20GiB"]
+    assert [c["verdict"] for c in cards] == ["out of memory", "fits"]
+    assert [c["total_bytes"] for c in cards] == [12 << 30, 20 << 30]
+    assert cards[1]["capture"] == os.path.join("allocscope-fit", "L4-24GB-20GiB.alsc")
+
+
+def test_a_mig_slice_is_the_card_its_profile_makes(tmp_path, script):
+    """MIG presets: the device torch sees inside the slice (its name, memory
+    and SMs), and fit's verdict on it: 5 GiB does not fit in an A100 40GB's
+    1g.5gb (4.75 GiB), and fits in an H100's 1g.20gb (19.62 GiB)."""
+    from allocscope import vgpu
+
+    small, large = vgpu.parse_gpus("A100-40GB-MIG-1g.5gb,H100-80GB-MIG-1g.20gb")
+    result = fit(tmp_path, "--gpu", small.key, "--gpu", large.key, "--json", "--", script, "5")
+    assert result.returncode == 1, result.stderr
+    cards = json.loads(result.stdout)["cards"]
+    assert [c["verdict"] for c in cards] == ["out of memory", "fits"]
+    assert [c["total_bytes"] for c in cards] == [small.total_memory, large.total_memory] == [4864 << 20, 20096 << 20]
+    cap = allocscope.load(tmp_path / cards[1]["capture"])
+    (device,) = cap.metadata["cuda_devices"]
+    assert device["name"] == "NVIDIA H100 80GB HBM3 MIG 1g.20gb" and device["total_memory"] == 20096 << 20
+    assert device["multi_processor_count"] == 26
 
 
 def test_gpu_memory_defaults_to_the_environment_s_and_a_bad_size_is_one_line(tmp_path, monkeypatch, capsys):

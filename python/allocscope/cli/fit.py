@@ -45,6 +45,7 @@ examples:
   allocscope fit --gpu A100-40GB --gpu L4-24GB -- python train.py --steps 2
   allocscope fit --gpu T4-16GB --json -- train.py --batch-size 64
   allocscope fit --gpu H100-80GB --gpu-memory 20GiB -- python train.py   (20 GiB left on a shared H100)
+  allocscope fit --gpu H100-80GB --gpu H100-80GB:20GiB --gpu H100-80GB-MIG-1g.10gb -- python train.py
   allocscope fit --gpu A100-40GB --search BATCH=1..1024 -- python train.py --batch-size {BATCH}
   allocscope fit --gpu H100-80GB --world-size 1024 --rank 0 --rank 1023 -- python train.py
   allocscope run --gpu list                         (the models)
@@ -53,10 +54,11 @@ examples:
 
 def prepare_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu", metavar="GPU", action="append", required=True,
-                        help="a virtual GPU model to try (repeat for several; `allocscope run --gpu list`)")
+                        help="a virtual GPU model to try (repeat for several; `allocscope run --gpu list`), "
+                             "with its own memory as GPU:SIZE (H100-80GB:20GiB)")
     parser.add_argument("--gpu-memory", metavar="SIZE",
                         help="every card's memory instead of its model's (e.g. 20GiB: what is left on a shared "
-                             "card); default: $ALLOCSCOPE_VGPU_MEMORY where set")
+                             "card), but a card's own GPU:SIZE; default: $ALLOCSCOPE_VGPU_MEMORY where set")
     parser.add_argument("-o", "--output-dir", metavar="DIR", default="allocscope-fit",
                         help="where the captures go, one per card (default: allocscope-fit)")
     parser.add_argument("-f", "--force", action="store_true", help="overwrite captures already in DIR")

@@ -26,6 +26,7 @@ examples:
   allocscope run -o ddp.alsc --device cuda -- torchrun --nproc-per-node 2 train.py
   allocscope run --gpu H100-80GB -o h100.alsc -- python train.py
   allocscope run --gpu A100-40GB --gpu-memory 12GiB -o small.alsc -- python train.py
+  allocscope run --gpu H100-80GB-MIG-1g.10gb -o slice.alsc -- python train.py
   allocscope run --gpu A100-40GB --no-record -- python train.py
   allocscope run --gpu 2xH100-80GB -o ddp.alsc -- torchrun --nproc-per-node 2 train.py
   allocscope run --gpu H100-80GB --world-size 1024 --rank 0 --rank 7 -o job.alsc -- python train.py
@@ -55,8 +56,9 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
                           "allocscope.watch() on; a callback on every op, which costs where the CPU is the bottleneck)")
     ops.add_argument("--no-ops", action="store_const", const=False, dest="ops", help="never record ops")
     parser.add_argument("--gpu", metavar="GPU",
-                        help="run on a virtual GPU: a model (H100-80GB), N of them (2xA100-40GB), several "
-                             "(H100-80GB,L4-24GB), or `list` to list the models")
+                        help="run on a virtual GPU: a model (H100-80GB), a MIG slice (H100-80GB-MIG-1g.10gb), "
+                             "N of them (2xA100-40GB), several (H100-80GB,L4-24GB), one with its own memory "
+                             "(H100-80GB:20GiB), or `list` to list the models")
     parser.add_argument("--gpu-memory", metavar="SIZE", help="the virtual GPU's total memory (e.g. 12GiB)")
     parser.add_argument("--no-record", action="store_true", help="run on the virtual GPU without recording")
     add_world_arguments(parser)
@@ -88,10 +90,13 @@ def _list_gpus() -> int:
     from .. import vgpu
     from ..common.units import format_bytes
 
-    print(f"{'GPU':<14} {'name':<26} {'memory':>11}  {'capability':>10}  {'SMs':>4}")
-    for p in vgpu.presets():
-        print(f"{p.key:<14} {p.name:<26} {format_bytes(p.total_memory):>11}  {p.major}.{p.minor:<8}  "
+    presets = vgpu.presets()
+    kw, nw = max(len(p.key) for p in presets), max(len(p.name) for p in presets)
+    print(f"{'GPU':<{kw}}  {'name':<{nw}}  {'memory':>11}  {'capability':>10}  {'SMs':>4}")
+    for p in presets:
+        print(f"{p.key:<{kw}}  {p.name:<{nw}}  {format_bytes(p.total_memory):>11}  {p.major}.{p.minor:<8}  "
               f"{p.multi_processor_count:>4}")
+    print("\nA card's own memory: GPU:SIZE (H100-80GB:20GiB); several cards: 2xH100-80GB, H100-80GB,A100-40GB.")
     return 0
 
 

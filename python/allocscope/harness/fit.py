@@ -101,13 +101,13 @@ class _Runs:
 
     def path(self, gpu: str, value: int | None = None) -> str:
         suffix = "" if value is None else f".{self.search[0]}={value}"
-        return os.path.join(self.directory, f"{gpu}{suffix}.alsc")
+        return os.path.join(self.directory, f"{_stem(gpu)}{suffix}.alsc")
 
     def existing(self, gpu: str) -> list[str]:
         """The captures this fit would overwrite (a search's: every value's)."""
         if not self.search:
             return outputs(self.path(gpu))
-        pattern = f"{glob.escape(gpu)}.{self.search[0]}=*.alsc"
+        pattern = f"{glob.escape(_stem(gpu))}.{self.search[0]}=*.alsc"
         return sorted(glob.glob(os.path.join(glob.escape(self.directory), pattern)))
 
     def prepare(self, gpus: list[str], force: bool) -> None:
@@ -209,6 +209,12 @@ class _Runs:
             print(f"allocscope fit: {len(known)} values on a virtual {gpu} foreseen from runs on "
                   f"{', '.join(g for _, g in larger)}", file=sys.stderr)
         return known
+
+
+def _stem(gpu: str) -> str:
+    """A card's captures' file name: its spec, with a colon (a memory of
+    its own, "H100-80GB:20GiB") made a dash."""
+    return gpu.replace(":", "-")
 
 
 def _memory(gpu: str) -> int:

@@ -59,7 +59,7 @@ def node_gpus(gpu: str, world: World) -> str:
     if len(presets) != 1:
         raise InputError(f"--world-size runs each rank on one card of a model: give one model, not {gpu!r} "
                          "(--gpus-per-node sets the cards of a node)")
-    return f"{world.gpus_per_node}x{presets[0].key}"
+    return f"{world.gpus_per_node}x{vgpu.device_spec(presets)}"
 
 
 def rank_environment(base: Mapping[str, str], world: World, rank: int, report_path: str) -> dict[str, str]:

@@ -71,7 +71,8 @@ def collect(devices: list[str], stacks: str, ops: bool | None = True) -> dict[st
         for i in range(torch.cuda.device_count()):
             p = torch.cuda.get_device_properties(i)
             cuda_devices.append({"index": i, "name": p.name, "total_memory": int(p.total_memory),
-                                 "capability": f"{p.major}.{p.minor}"})
+                                 "capability": f"{p.major}.{p.minor}",
+                                 "multi_processor_count": int(p.multi_processor_count)})
         meta["cuda_devices"] = cuda_devices
         meta["current_device"] = torch.cuda.current_device()
         meta["allocator_backend"] = torch.cuda.get_allocator_backend()

@@ -45,6 +45,7 @@ __all__ = [
     "activate_from_environment",
     "active",
     "available",
+    "device_spec",
     "environment",
     "parse_gpus",
     "presets",
@@ -115,31 +116,60 @@ def presets() -> list[Preset]:
 
 def parse_gpus(spec: str) -> list[Preset]:
     """The devices of a spec, in order: "H100-80GB", "2xH100-80GB",
-    "H100-80GB,A100-40GB" (names are not case-sensitive)."""
+    "H100-80GB,A100-40GB", "H100-80GB-MIG-1g.10gb"; a device's own total
+    memory after a colon: "H100-80GB:20GiB" (names are not case-sensitive).
+    A device given its own memory is its preset with that total_memory."""
+    return [preset for preset, _ in _parse(spec)]
+
+
+def _parse(spec: str) -> list[tuple[Preset, int | None]]:
+    """The devices of a spec and the memory each was given (None: its model's)."""
+    from ..common.units import parse_bytes
+
     by_key = {p.key.lower(): p for p in presets()}
-    devices: list[Preset] = []
+    devices: list[tuple[Preset, int | None]] = []
     for item in spec.split(","):
         item = item.strip()
         count = 1
         head, sep, rest = item.partition("x")
         if sep and head.isdigit():
             count, item = int(head), rest
-        preset = by_key.get(item.lower())
+        item, colon, size = item.partition(":")
+        preset = by_key.get(item.strip().lower())
         if preset is None or not 1 <= count <= 16:
-            raise VirtualGpuError(f"unknown GPU {item!r}: one of {', '.join(p.key for p in presets())}, "
-                                  f"optionally as NxGPU (e.g. 2xH100-80GB)")
-        devices += [preset] * count
+            raise VirtualGpuError(f"unknown GPU {item!r}: one of {', '.join(p.key for p in presets())} "
+                                  f"(allocscope run --gpu list), optionally as NxGPU (2xH100-80GB) and with "
+                                  f"its memory as GPU:SIZE (H100-80GB:20GiB)")
+        memory = None
+        if colon:
+            try:
+                memory = parse_bytes(size.strip())
+            except ValueError as e:
+                raise VirtualGpuError(f"{spec!r}: {e}") from None
+            if memory < 2 << 20:
+                raise VirtualGpuError(f"{spec!r}: a device needs at least 2 MiB, not {memory} bytes")
+            preset = dataclasses.replace(preset, total_memory=memory)
+        devices += [(preset, memory)] * count
     if not 1 <= len(devices) <= 16:
         raise VirtualGpuError(f"{spec!r}: between 1 and 16 devices")
     return devices
+
+
+def device_spec(devices: list[Preset]) -> str:
+    """The spec of these devices (parse_gpus's inverse): each preset's key,
+    with its memory where it is not the model's."""
+    default = {p.key: p.total_memory for p in presets()}
+    return ",".join(p.key if default.get(p.key) == p.total_memory else f"{p.key}:{p.total_memory}" for p in devices)
 
 
 def _settings(gpu: str, memory: int | str | None, context: int | str | None,
               event_polls: int | None) -> dict[str, str]:
     from ..common.units import parse_bytes
 
-    parse_gpus(gpu)
-    out = {ENV_GPU: gpu}
+    # The stand-ins read sizes in bytes: "H100-80GB:20GiB" is written out.
+    devices = _parse(gpu)
+    out = {ENV_GPU: gpu if all(m is None for _, m in devices) else
+           ",".join(p.key if m is None else f"{p.key}:{m}" for p, m in devices)}
     for name, value, minimum in ((ENV_MEMORY, memory, 2 << 20), (ENV_CONTEXT, context, 0)):
         if value is None:
             continue
@@ -197,8 +227,10 @@ def activate(gpu: str, *, memory: int | str | None = None, context: int | str | 
     """Switches this process to the virtual GPU (and the Python processes it
     starts, through the environment). Must run before torch is imported.
 
-    gpu: "H100-80GB", "2xH100-80GB", "H100-80GB,A100-40GB" (see presets()).
-    memory: every device's total memory instead of the preset's ("12GiB").
+    gpu: "H100-80GB", "2xH100-80GB", "H100-80GB,A100-40GB", "H100-80GB:20GiB"
+    (see presets() and parse_gpus()).
+    memory: every device's total memory instead of the preset's ("12GiB"),
+    but for a device given its own in `gpu`.
     context: the CUDA context's share of each device (default 512 MiB).
     event_polls: how many queries an event stays pending for (default 1).
     """
