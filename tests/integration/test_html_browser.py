@@ -9,9 +9,11 @@ import os
 import struct
 import zlib
 
+import numpy as np
 import pytest
 
 import allocscope
+from allocscope import EventKind
 from tests.support.training_run import training_run
 from allocscope.reports.html import write_html
 
@@ -209,6 +211,50 @@ def test_the_timeline_axis_switches_between_time_and_events(browser, page):
     browser.click("#timeline-toolbar button[data-axis=time]")
     assert browser.evaluate(f"{tl}.axis") == "time"
     assert browser.console_errors() == []
+
+
+def test_a_virtual_card_s_page_opens_on_events_where_memory_moves(browser, tmp_path):
+    """What a newcomer sees first on a capture made on the virtual GPU: the
+    header says the card was virtual and that times are not the card's; the
+    timeline's axis is events, starting where memory first moves (not at the
+    set-up before it), and its areas fill the chart's width."""
+    cap_path = str(tmp_path / "virtual.alsc")
+    training_run(cap_path, 20_000, device="cuda", layers=8, hidden=1024, batch=256, set_up=5_000,
+                 metadata={"virtual_gpu": {"spec": "H100-80GB", "devices": []}})
+    cap = allocscope.load(cap_path)
+    first_alloc = int(np.flatnonzero(cap.events.kind == EventKind.ALLOC)[0])
+    assert first_alloc > 0.2 * len(cap.events)  # a fifth of the events allocate nothing
+    path = str(tmp_path / "virtual.html")
+    write_html(cap, path, progress=False)
+    browser.open(path)
+    assert browser.console_errors() == []
+    note = browser.evaluate("document.getElementById('virtual-note').textContent")
+    assert "virtual H100-80GB" in note and "times are" in note
+    tl = "document.getElementById('timeline').dataset"
+    assert browser.evaluate(f"{tl}.axis") == "event"
+    assert browser.evaluate("document.querySelector('#timeline-toolbar button.on[data-axis]').dataset.axis") == "event"
+    x0, x1 = (float(v) for v in browser.evaluate(f"{tl}.range").split(","))
+    bucket = len(cap.events) / 2000  # the timeline's points: each the peak of a slice of the events
+    assert first_alloc - 2 * bucket <= x0 < first_alloc and x1 >= len(cap.events) - 2 * bucket
+    # as a person sees it: coloured areas in (nearly) every column of the plot
+    r = browser.evaluate("(() => { const r = document.querySelector('#timeline .overlay').getBoundingClientRect();"
+                         " return [r.x + window.scrollX, r.y + window.scrollY, r.width, r.height]; })()")
+    import base64
+
+    shot = browser.call("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True,
+                                                   "clip": {"x": r[0], "y": r[1], "width": r[2], "height": r[3],
+                                                            "scale": 1}}, session=True)
+    width, height, rows = decode_png(base64.b64decode(shot["data"]))
+    background = {b"\xff\xff\xff", b"\xee\xf0\xf3"}  # the page, the grid lines
+    filled = sum(sum(row[3 * x:3 * x + 3] not in background for row in rows) >= height // 20 for x in range(width))
+    assert filled >= 0.9 * width, (filled, width)
+    # the same capture without the virtual GPU's metadata opens on time
+    plain = tmp_path / "plain.alsc"
+    training_run(str(plain), 20_000, device="cuda", layers=8, hidden=1024, batch=256, set_up=5_000)
+    write_html(allocscope.load(plain), str(tmp_path / "plain.html"), progress=False)
+    browser.open(str(tmp_path / "plain.html"))
+    assert browser.evaluate(f"{tl}.axis") == "time"
+    assert browser.evaluate("document.getElementById('virtual-note')") is None
 
 
 def test_the_page_of_a_run_opens_with_its_ranks(browser, page, tmp_path):

@@ -123,12 +123,15 @@ def _columns(rows: list[tuple[int, ...]]) -> dict[str, np.ndarray]:
 
 
 def training_run(path: str, events: int, *, device: str = "cuda", layers: int = 24, hidden: int = 1024,
-                 batch: int = 512, events_per_chunk: int = 65536) -> dict[str, Any]:
-    """Writes a capture of about `events` events; returns what it holds."""
+                 batch: int = 512, events_per_chunk: int = 65536, metadata: dict[str, Any] | None = None,
+                 set_up: int = 0) -> dict[str, Any]:
+    """Writes a capture of about `events` events; returns what it holds.
+    metadata: more of it; set_up: marks (a second apart) before the first
+    allocation, as the set-up of a script allocates nothing."""
     cuda = device == "cuda"
     total = 80 * GiB
     meta = {"synthetic": True, "torch": "synthetic", "devices_recorded": [device],
-            "start_monotonic_ns": 1_000_000}
+            "start_monotonic_ns": 1_000_000, **(metadata or {})}
     b = CaptureWriter(meta, device=0 if cuda else -1)
     stream = b.default_stream
     dev = DeviceAllocator(AllocatorConfig(), device=0, total=total, addresses=BumpAddresses(0x7F0000000000))
@@ -142,6 +145,8 @@ def training_run(path: str, events: int, *, device: str = "cuda", layers: int = 
     loop = _Loop(b, dev, stream, layers, hidden, batch)
     watch = {"name": "Model", "parameters": layers * (hidden * hidden + hidden) * 4, "trainable": True,
              "buffers": 0, "optimizer": {"type": "Adam", "state_per_parameter": 2}}
+    for i in range(set_up):
+        b.mark(f"set-up {i}", dt=1_000_000_000)
     b.annotate(K.WATCH, json.dumps(watch))
     params = loop.params()
     loop.step(0, params)

@@ -21,8 +21,11 @@ from .ops import op_names
 __all__ = ["PERSISTENT", "Moment", "Timeline", "bucket_peaks", "category_timeline", "iteration_bounds", "iterations", "live_at", "live_series",
            "moment", "op_labels", "ops", "relative_time", "site_labels", "sites", "timeline"]
 
-# Categories that live across iterations by design (never a leak).
-PERSISTENT = {"parameter", "buffer", "gradient", "optimizer_state"}
+# Categories that live across iterations by design (never a leak). A
+# workspace kept past its iteration is cuBLAS's, one per handle and stream,
+# made at the first matmul and kept for the process (cuDNN's are given back
+# inside the op that asked): a newcomer's first "leak" otherwise.
+PERSISTENT = {"parameter", "buffer", "gradient", "optimizer_state", "workspace"}
 
 
 @dataclasses.dataclass

@@ -48,6 +48,17 @@ class Analysis:
     warnings: list[str] = dataclasses.field(default_factory=list)
 
 
+
+# What a capture made on the virtual GPU is faithful to (docs/vgpu.md).
+VIRTUAL_GPU_NOTE = ("torch's real caching allocator on allocscope's virtual GPU, where kernels take no time: "
+                    "the memory is the card's, the times are not")
+
+
+def _virtual_gpu(cap: Capture) -> str | None:
+    """The virtual GPU's devices (their --gpu spec) where the capture was made on it."""
+    v = cap.metadata.get("virtual_gpu")
+    return str(v.get("spec")) if isinstance(v, dict) and v.get("spec") else None
+
 def analyse(cap: Capture, *, replay_budget: int = REPLAY_BUDGET, window: tuple[int, int] | None = None) -> Analysis:
     """Attribution and timelines; on CUDA first the allocator's replay (its
     state at the peak of reserved memory, and each block's real size when
@@ -160,6 +171,7 @@ def build_report(cap: Capture, *, at: str | None = None, steps: tuple[int, int] 
             "device_type": att.device_type, "torch": cap.metadata.get("torch"),
             "duration_ns": cap.duration_ns, "watched": [w.get("name") for w in att.watches],
             "ops": cap.metadata.get("ops"),
+            "virtual_gpu": _virtual_gpu(cap),
         },
         "units": "bytes",
     }
@@ -240,6 +252,8 @@ def render(r: dict[str, Any], top: int = 10) -> str:
         events += f" read{of} (up to the start of step {part['until_step']}; the rest was not read)"
     lines = [f"{cap['path']}: {cap['device_type']}, {events}, "
              f"{cap['duration_ns'] / 1e9:.2f} s{'' if cap['complete'] else ' (incomplete)'}"]
+    if cap.get("virtual_gpu"):
+        lines.append(f"on a virtual {cap['virtual_gpu']}: {VIRTUAL_GPU_NOTE}")
     if not cap["watched"]:
         lines.append("no model was watched: categories and the estimate need rec.watch(model, optimizer)")
     lines.append("")

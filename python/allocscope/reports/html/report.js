@@ -63,6 +63,11 @@ function header() {
   html("h1", {}, h, "allocscope report: " + c.path);
   html("div", { class: "sub" }, h, `${c.device_type}, ${c.events.toLocaleString()} events, ${fmtTime(c.duration_ns)}` +
     (c.complete ? "" : " (incomplete capture)") + (c.torch ? `, torch ${c.torch}` : ""));
+  if (c.virtual_gpu) {
+    html("div", { class: "sub virtual", id: "virtual-note" }, h, `On a virtual ${c.virtual_gpu}: torch's real caching ` +
+      "allocator on allocscope's virtual GPU, where kernels take no time. The memory is the card's; the times are " +
+      "not, so the timeline's axis is events (time is a button away).");
+  }
   const k = html("div", { class: "kpis" }, h);
   const kpi = (v, label) => { const d = html("div", { class: "kpi" }, k); html("b", {}, d, v); html("span", {}, d, label); };
   kpi(fmtBytes(p.allocated_bytes), "allocated at the " + D.focus_label);
@@ -128,7 +133,9 @@ function drawRanks() {
 }
 
 // ---- the timeline
-const TL = { mode: "category", range: null, axis: "time" };
+// On the virtual GPU kernels take no time: seconds there are the CPU's
+// set-up, not the card's work, so events are the default axis.
+const TL = { mode: "category", range: null, axis: D.capture.virtual_gpu ? "event" : "time" };
 function timelineSeries() {
   const t = D.timeline;
   const src = TL.mode === "module" ? t.by_module : t.by_category;
@@ -141,7 +148,12 @@ function drawTimeline() {
   // By time, or by event number: the latter gives idle seconds no width.
   const useTime = TL.axis === "time" && n > 1 && t.time_ns[n - 1] > t.time_ns[0];
   const xs = useTime ? t.time_ns : t.event;
-  const full = [xs[0], xs[n - 1] > xs[0] ? xs[n - 1] : xs[0] + 1];
+  // The axis starts just before memory first moves (time_ns already
+  // starts there): what came before it is a flat line.
+  let moves = 0;
+  while (moves < n - 1 && t.allocated[moves + 1] === t.allocated[0] && (!t.reserved || t.reserved[moves + 1] === t.reserved[0])) moves++;
+  const first = xs[moves];
+  const full = [first, xs[n - 1] > first ? xs[n - 1] : first + 1];
   const [x0, x1] = TL.range || full;
   let lo = 0, hi = n - 1;
   while (lo < n - 1 && xs[lo + 1] < x0) lo++;
@@ -443,6 +455,7 @@ function toolbar() {
   }
   document.getElementById("zoom-reset").addEventListener("click", () => { TL.range = null; drawTimeline(); });
   for (const b of document.querySelectorAll("#timeline-toolbar button[data-axis]")) {
+    b.classList.toggle("on", b.dataset.axis === TL.axis);
     b.addEventListener("click", () => {
       TL.axis = b.dataset.axis;
       TL.range = null;  // a range in one unit means nothing in the other
