@@ -303,21 +303,70 @@ def test_gpu_memory_gives_every_card_that_memory_but_a_card_s_own(tmp_path, scri
 
 
 def test_a_mig_slice_is_the_card_its_profile_makes(tmp_path, script):
-    """MIG presets: the device torch sees inside the slice (its name, memory
+    """A MIG preset: the device torch sees inside the slice (its name, memory
     and SMs), and fit's verdict on it: 5 GiB does not fit in an A100 40GB's
-    1g.5gb (4.75 GiB), and fits in an H100's 1g.20gb (19.62 GiB)."""
+    1g.5gb (4.75 GiB) though it would on the whole card."""
     from allocscope import vgpu
 
-    small, large = vgpu.parse_gpus("A100-40GB-MIG-1g.5gb,H100-80GB-MIG-1g.20gb")
-    result = fit(tmp_path, "--gpu", small.key, "--gpu", large.key, "--json", "--", script, "5")
+    (mig,) = vgpu.parse_gpus("A100-40GB-MIG-1g.5gb")
+    result = fit(tmp_path, "--gpu", mig.key, "--json", "--", script, "5")
     assert result.returncode == 1, result.stderr
-    cards = json.loads(result.stdout)["cards"]
-    assert [c["verdict"] for c in cards] == ["out of memory", "fits"]
-    assert [c["total_bytes"] for c in cards] == [small.total_memory, large.total_memory] == [4864 << 20, 20096 << 20]
-    cap = allocscope.load(tmp_path / cards[1]["capture"])
+    (card,) = json.loads(result.stdout)["cards"]
+    assert card["verdict"] == "out of memory" and card["total_bytes"] == mig.total_memory == 4864 << 20
+    cap = allocscope.load(tmp_path / card["capture"])
     (device,) = cap.metadata["cuda_devices"]
-    assert device["name"] == "NVIDIA H100 80GB HBM3 MIG 1g.20gb" and device["total_memory"] == 20096 << 20
-    assert device["multi_processor_count"] == 26
+    assert device["name"] == "NVIDIA A100-SXM4-40GB MIG 1g.5gb" and device["total_memory"] == 4864 << 20
+    assert device["multi_processor_count"] == 14
+
+
+MLP = """\
+import sys, torch
+B = int(sys.argv[1])
+D, H, C = 256, 512, 10
+model = torch.nn.Sequential(torch.nn.Linear(D, H), torch.nn.ReLU(), torch.nn.Linear(H, C)).cuda()
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+x = torch.randn(B, D, device="cuda")
+y = torch.randint(0, C, (B,), device="cuda")
+for _ in range(2):
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+    opt.zero_grad(set_to_none=False)
+"""
+
+
+def test_a_search_states_memory_as_a_fixed_and_a_per_unit_part(tmp_path):
+    """From the runs a search makes, memory against the value: on an MLP
+    with Adam whose parts follow from its shapes, parameters, gradients and
+    optimizer state are fixed to the byte, the input grows by B x D x 4 bytes,
+    the labels by 8 bytes a sample; the parts sum to what each run measured;
+    and the largest growing request's 10 MiB class is placed on its line."""
+    D, H, C = 256, 512, 10
+    (tmp_path / "mlp.py").write_text(MLP)
+    doc = allocscope.fit([str(tmp_path / "mlp.py"), "{B}"], ["H100-80GB"], output_dir=str(tmp_path / "out"),
+                         search="B=512..8192")
+    (card,) = doc["cards"]
+    m = card["memory"]
+    assert card["largest"] == 8192 and len(m["values"]) >= 2 and m["values"] == sorted(card["tried"])
+    params = (D * H + H + H * C + C) * 4
+    parts = m["parts"]
+    for part, fixed in (("parameter", params), ("gradient", params), ("optimizer_state", 2 * params)):
+        assert parts[part]["fixed_bytes"] == fixed and abs(parts[part]["per_unit_bytes"]) < 1e-6, part
+    assert parts["input"]["fixed_bytes"] == 0 and parts["input"]["per_unit_bytes"] == pytest.approx(D * 4)
+    assert parts["other"]["per_unit_bytes"] == pytest.approx(8)  # the int64 labels, outside the model
+    assert parts["outside_allocator"]["fixed_bytes"] == 512 << 20  # the CUDA context
+    for i in range(len(m["values"])):  # the parts add up to each run's measured memory
+        assert sum(p["at_values"][i] for p in parts.values()) == m["measured_bytes"][i]
+    at = card["at_largest"]  # measured: the card's memory at the peak, the reserved peak and the context
+    assert m["measured_bytes"][-1] == at["peak_reserved_bytes"] + at["outside_allocator_bytes"]
+    assert abs(m["fixed_bytes"] + m["per_unit_bytes"] * 8192 - m["measured_bytes"][-1]) <= m["residual_bytes"] + 1
+    # the largest growing request is a tensor of the batch's shape: it reaches 10 MiB (a segment of its own)
+    # at the first B whose request is that large
+    per_sample, rest = divmod(at["largest_growing_request_bytes"], 8192)
+    assert rest == 0 and per_sample > 0
+    (change,) = [c for c in m["changes"] if c["request_bytes"] == 10 << 20]
+    assert change["value"] == -(-(10 << 20) // per_sample)
+    text = render_search(doc)
+    assert "per B" in text and "input 1.00 KiB" in text and f"from B={change['value']}" in text
 
 
 def test_gpu_memory_defaults_to_the_environment_s_and_a_bad_size_is_one_line(tmp_path, monkeypatch, capsys):

@@ -79,6 +79,7 @@ def fit(command: Sequence[str], gpus: Sequence[str], *, output_dir: str = "alloc
 
 def _search(runs: "_Runs", cmd: list[str], gpus: list[str], search: tuple[str, int, int]) -> dict[str, Any]:
     from ..reports.fit import search_document
+    from ..reports.scaling import memory_model
 
     name, low, high = search
     # Larger cards first: replays of their runs then narrow a smaller card's search (same chip).
@@ -86,6 +87,8 @@ def _search(runs: "_Runs", cmd: list[str], gpus: list[str], search: tuple[str, i
     for gpu in sorted(gpus, key=lambda g: -_memory(g)):
         found[gpu] = {"gpu": gpu, **search_largest(low, high, lambda v, gpu=gpu: runs.run(gpu, v),
                                                     runs.replayed(gpu, list(found)))}
+        # memory against the value, from the runs made (replays measured no parts)
+        found[gpu]["memory"] = memory_model(name, [(v, runs.ran[(gpu, v)]) for v in found[gpu]["tried"]], low, high)
     return search_document(cmd, name, low, high, [found[gpu] for gpu in gpus])
 
 

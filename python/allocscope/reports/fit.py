@@ -21,12 +21,13 @@ from typing import Any
 import numpy as np
 
 from ..allocator.segments import device_readings, nccl_memory, outside_at_peak
-from ..attribution.categories import module_label
+from ..attribution.categories import CATEGORIES, module_label
 from ..attribution.ops import op_names
 from ..capture.format import EventKind
 from ..capture.reader import Capture
 from ..common.units import format_bytes
-from .report import build_report, oom_lines, waterfall_lines
+from .report import analyse, build_report, oom_lines, waterfall_lines
+from .scaling import FIXED_CATEGORIES, model_lines
 from .text import table
 
 __all__ = ["FIT_SCHEMA", "card_lines", "card_result", "caveats", "fit_document", "render_fit", "render_search",
@@ -52,7 +53,11 @@ def card_result(gpu: str, status: int, cap: Capture | None, *, capture_path: str
     ooms = int((cap.events.kind == EventKind.OOM).sum())
     out["verdict"] = "out of memory" if ooms else "fits" if status == 0 else "failed"
     out["ooms"] = ooms
-    r = report if report is not None else build_report(cap, top=top)
+    an = None
+    if report is None:
+        an = analyse(cap)
+        report = build_report(cap, top=top, analysis=an)
+    r = report
     total = _device(cap).get("total")
     base = cap.baseline("end") or cap.baseline("start")  # as the waterfall reads it
     outside = outside_at_peak(base) if base else None
@@ -89,7 +94,19 @@ def card_result(gpu: str, status: int, cap: Capture | None, *, capture_path: str
         out["oom"] = r["oom"]
     out["warnings"] = r["warnings"]
     out["caveats"] = caveats(cap)
+    if an is not None:  # for fit --search's model of memory against the value (reports/scaling.py)
+        out["largest_growing_request_bytes"] = _largest_growing_request(an.att)
+        if an.replay is not None:
+            out["max_split_size"] = an.replay.config.max_split_size
     return out
+
+
+def _largest_growing_request(att: Any) -> int | None:
+    """The largest request of what may grow with a batch: any category but
+    those a step holds whatever its batch (reports/scaling.py)."""
+    fixed = [CATEGORIES.index(c) for c in FIXED_CATEGORIES]
+    rows = np.flatnonzero((att.start >= 0) & ~np.isin(att.category, fixed))
+    return int(att.size[rows].max()) if len(rows) else None
 
 
 # Ops through which torch calls cuDNN's convolutions.
@@ -240,6 +257,9 @@ def render_search(doc: dict[str, Any]) -> str:
                                                                 if shortfall is not None else "")) if nxt else "",
                      str(c["runs"]) + (f" (+{len(c['replayed'])} replayed)" if c.get("replayed") else "")))
     lines += table(rows, {2, 3, 6})
+    for c in doc["cards"]:
+        if c.get("memory"):
+            lines += ["", f"{c['gpu']}:"] + model_lines(c["memory"])
     lines.append("")
     lines.append("The search takes a value that fits to fit below it too. Each run's capture is kept "
                  "(allocscope report / html / simulate).")
