@@ -106,6 +106,8 @@ browser:
 $(VENV)/.deps:
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q torch==$(TORCH) pybind11 ninja pytest numpy hypothesis setuptools wheel
+	@# optional: the notebook integration's tests (allocscope.harness.notebook) run it in a real IPython
+	$(PY) -m pip install -q ipython
 	touch $@
 
 $(VENV)/.built: $(VENV)/.deps $(SOURCES)

@@ -320,6 +320,7 @@ def main() -> None:
         cmdclass={"build_ext": _build_ext_class()},
         python_requires=">=3.10",
         install_requires=["numpy"],
+        extras_require={"notebook": ["ipython"]},  # %load_ext allocscope (allocscope.notebook)
         entry_points={"console_scripts": ["allocscope = allocscope.cli:main"],
                       "pytest11": ["allocscope = allocscope.harness.pytest_plugin"]},
     )

@@ -29,6 +29,14 @@ from .common.errors import InputError
 from .harness.fit import fit
 from .recording import AllocscopeError, Recording, Watch, mark, record, watch
 
+def load_ipython_extension(ipython: object) -> None:
+    """`%load_ext allocscope` in IPython or Jupyter: the %%allocscope cell
+    magic (allocscope.harness.notebook)."""
+    from .harness.notebook import register_magics
+
+    register_magics(ipython)
+
+
 __all__ = [
     "AllocscopeError",
     "Capture",
@@ -46,6 +54,7 @@ __all__ = [
     "__version__",
     "fit",
     "load",
+    "load_ipython_extension",
     "mark",
     "record",
     "vgpu",

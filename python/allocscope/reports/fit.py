@@ -30,10 +30,20 @@ from .report import analyse, build_report, oom_lines, waterfall_lines
 from .scaling import FIXED_CATEGORIES, model_lines
 from .text import table
 
-__all__ = ["FIT_SCHEMA", "card_lines", "card_result", "caveats", "fit_document", "render_fit", "render_search",
-           "search_document"]
+__all__ = ["FIT_SCHEMA", "FitDocument", "card_lines", "card_result", "caveats", "fit_document", "render_fit",
+           "render_search", "search_document"]
 
 FIT_SCHEMA = "allocscope.fit/1"
+
+
+class FitDocument(dict):
+    """The fit document: a dict, as JSON has it, that a notebook shows as
+    its text (allocscope.fit(...) as a cell's last expression)."""
+
+    def _repr_html_(self) -> str:
+        import html
+
+        return f"<pre>{html.escape(render_search(self) if 'search' in self else render_fit(self))}</pre>"
 
 
 def _device(cap: Capture) -> dict[str, Any]:
@@ -141,8 +151,8 @@ def caveats(cap: Capture) -> list[str]:
 def fit_document(command: list[str], cards: list[dict[str, Any]], world: int | None = None) -> dict[str, Any]:
     """world: the job's size when each card entry is one rank of it: the
     document then gains per card the job's verdict, its worst rank's."""
-    doc = {"schema": FIT_SCHEMA, "command": list(command), "units": "bytes", "cards": cards,
-           "fits_everywhere": all(c["verdict"] == "fits" for c in cards)}
+    doc = FitDocument(schema=FIT_SCHEMA, command=list(command), units="bytes", cards=cards,
+                      fits_everywhere=all(c["verdict"] == "fits" for c in cards))
     if world is not None:
         doc["world_size"] = world
         gpus = dict.fromkeys(c["gpu"] for c in cards)
@@ -237,9 +247,9 @@ def _peak_lines(c: dict[str, Any], top: int) -> list[str]:
 def search_document(command: list[str], name: str, low: int, high: int,
                     cards: list[dict[str, Any]]) -> dict[str, Any]:
     """cards: {gpu, **harness.search.search_largest(...)} per card."""
-    return {"schema": FIT_SCHEMA, "command": list(command), "units": "bytes",
-            "search": {"name": name, "low": low, "high": high}, "cards": cards,
-            "fits_everywhere": all(c["largest"] is not None for c in cards)}
+    return FitDocument(schema=FIT_SCHEMA, command=list(command), units="bytes",
+                       search={"name": name, "low": low, "high": high}, cards=cards,
+                       fits_everywhere=all(c["largest"] is not None for c in cards))
 
 
 def render_search(doc: dict[str, Any]) -> str:
