@@ -31,6 +31,8 @@ GROUPS = {
     "allocscope.recording": "recording",
     "allocscope.harness": "harness",
     "allocscope.cli": "entry", "allocscope.__main__": "entry", "allocscope": "entry",
+    # The framework callbacks: entry points into a run the framework drives.
+    "allocscope.integrations": "entry",
     # Imported by a child's interpreter at start-up (as `sitecustomize`), not by allocscope.
     "allocscope.common.bootstrap.sitecustomize": "entry",
 }
