@@ -257,6 +257,52 @@ def test_a_virtual_card_s_page_opens_on_events_where_memory_moves(browser, tmp_p
     assert browser.evaluate("document.getElementById('virtual-note')") is None
 
 
+def test_a_search_s_capture_plots_memory_against_the_value(browser, tmp_path):
+    """The page of one of fit --search's captures: the card's verdict, then
+    its memory against the value from the search's document beside it
+    (fit.json): the parts stacked, the runs as points, the size class."""
+    import json
+
+    from allocscope.reports.fit import FIT_DOCUMENT, search_document
+    from allocscope.reports.scaling import memory_model
+
+    MiB = 1 << 20
+
+    def card(v):
+        return {"verdict": "fits", "peak_allocated_bytes": 300 * MiB + v * MiB, "peak_reserved_bytes": 320 * MiB + v * MiB,
+                "outside_allocator_bytes": 512 * MiB, "largest_growing_request_bytes": v * 256 * 1024,
+                "peak": {"by_category": {"parameter": 100 * MiB, "gradient": 100 * MiB, "optimizer_state": 100 * MiB,
+                                         "activation": v * MiB}}}
+
+    model = memory_model("B", [(v, card(v)) for v in (16, 32, 64)], 1, 64)
+    doc = search_document(["python", "train.py", "{B}"], "B", 1, 64,
+                          [{"gpu": "H100-80GB", "largest": 64, "runs": 3, "tried": [32, 64, 16], "memory": model}])
+    (tmp_path / FIT_DOCUMENT).write_text(json.dumps(doc))
+    cap_path = str(tmp_path / "H100-80GB.B=64.alsc")
+    training_run(cap_path, 5_000, device="cuda", layers=4, hidden=256, batch=64,
+                 metadata={"fit": {"gpu": "H100-80GB", "search": "B", "value": 64, "command": ["python", "train.py"]}})
+    path = str(tmp_path / "search.html")
+    write_html(allocscope.load(cap_path), path, progress=False)
+    browser.open(path)
+    assert browser.console_errors() == []
+    assert browser.evaluate("getComputedStyle(document.getElementById('fit-memory-section')).display") != "none"
+    title = browser.evaluate("document.getElementById('fit-memory-title').textContent")
+    assert "832.00 MiB + 1.00 MiB per B" in title and "proportional" in title  # 300 + 20 cached + 512
+    plot = "document.getElementById('fit-memory')"
+    assert browser.evaluate(f"{plot}.dataset.points") == "3"
+    assert int(browser.evaluate(f"{plot}.dataset.drawn")) == len(model["parts"]) == 6
+    assert browser.evaluate(f"{plot}.querySelectorAll('circle.run').length") == 3
+    assert browser.evaluate(f"{plot}.querySelectorAll('line.change').length") == len(model["changes"]) == 2
+    legend = browser.evaluate("document.getElementById('fit-memory-legend').textContent")
+    assert "outside the allocator (CUDA context)" in legend and "activation" in legend
+    # without the document beside it, the page has no plot (and no error)
+    (tmp_path / FIT_DOCUMENT).unlink()
+    write_html(allocscope.load(cap_path), path, progress=False)
+    browser.open(path)
+    assert browser.console_errors() == []
+    assert browser.evaluate("getComputedStyle(document.getElementById('fit-memory-section')).display") == "none"
+
+
 def test_the_page_of_a_run_opens_with_its_ranks(browser, page, tmp_path):
     """A run's page (html RUN: reports/ranks.py's document beside the worst
     rank's report), drawn from a synthetic document over a real capture."""

@@ -68,13 +68,26 @@ def fit(command: Sequence[str], gpus: Sequence[str], *, output_dir: str = "alloc
         raise InputError("--search with --world-size is not supported yet: search with the ranks of a smaller job")
     runs = _Runs(cmd, os.path.abspath(output_dir), stacks, top, search, stdout_to_stderr, world, gpu_memory)
     runs.prepare(gpus, force)
-    if search is None:
+    if search is not None:
+        doc = _search(runs, cmd, gpus, search)
+    else:
         from ..reports.fit import fit_document
 
         if world is None:
-            return fit_document(cmd, [runs.run(gpu) for gpu in gpus])
-        return fit_document(cmd, [runs.run(gpu, rank=r) for gpu in gpus for r in world.ranks], world=world.size)
-    return _search(runs, cmd, gpus, search)
+            doc = fit_document(cmd, [runs.run(gpu) for gpu in gpus])
+        else:
+            doc = fit_document(cmd, [runs.run(gpu, rank=r) for gpu in gpus for r in world.ranks], world=world.size)
+    _keep(doc, runs.directory)
+    return doc
+
+
+def _keep(doc: dict[str, Any], directory: str) -> None:
+    """The document beside the captures (FIT_DOCUMENT): the HTML page of a
+    search's capture plots its card's memory against the value from it."""
+    from ..reports.fit import FIT_DOCUMENT
+
+    with open(os.path.join(directory, FIT_DOCUMENT), "w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=1)
 
 
 def _search(runs: "_Runs", cmd: list[str], gpus: list[str], search: tuple[str, int, int]) -> dict[str, Any]:

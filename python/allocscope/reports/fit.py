@@ -30,10 +30,13 @@ from .report import analyse, build_report, oom_lines, waterfall_lines
 from .scaling import FIXED_CATEGORIES, model_lines
 from .text import table
 
-__all__ = ["FIT_SCHEMA", "FitDocument", "card_lines", "card_result", "caveats", "fit_document", "render_fit",
-           "render_search", "search_document"]
+__all__ = ["FIT_DOCUMENT", "FIT_SCHEMA", "FitDocument", "card_lines", "card_result", "caveats", "fit_document", "render_fit",
+           "render_search", "search_document", "searched_memory"]
 
 FIT_SCHEMA = "allocscope.fit/1"
+# Where fit leaves its document, beside the captures (the HTML page of a
+# search's capture plots that card's memory against the value from it).
+FIT_DOCUMENT = "fit.json"
 
 
 class FitDocument(dict):
@@ -250,6 +253,27 @@ def search_document(command: list[str], name: str, low: int, high: int,
     return FitDocument(schema=FIT_SCHEMA, command=list(command), units="bytes",
                        search={"name": name, "low": low, "high": high}, cards=cards,
                        fits_everywhere=all(c["largest"] is not None for c in cards))
+
+
+def searched_memory(capture_path: str, gpu: str, name: str) -> dict[str, Any] | None:
+    """The memory model of card `gpu` from the fit document beside a
+    search's capture (FIT_DOCUMENT), where there is one for that search; None
+    otherwise (an older fit, a moved capture, a file that is not one)."""
+    import json
+    import os
+
+    try:
+        with open(os.path.join(os.path.dirname(os.path.abspath(capture_path)), FIT_DOCUMENT), encoding="utf-8") as f:
+            doc = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("search"), dict) or doc["search"].get("name") != name:
+        return None
+    for card in doc.get("cards") or ():
+        if isinstance(card, dict) and card.get("gpu") == gpu and isinstance(card.get("memory"), dict):
+            memory = card["memory"]
+            return memory if memory.get("fixed_bytes") is not None else None
+    return None
 
 
 def render_search(doc: dict[str, Any]) -> str:

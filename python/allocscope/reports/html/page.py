@@ -24,7 +24,7 @@ from ...attribution.timeline import relative_time
 from ...capture.format import EventKind
 from ...capture.reader import Capture
 from ...common.progress import Steps
-from ..fit import card_result
+from ..fit import card_result, searched_memory
 from ..report import Analysis, analyse, build_report
 from ..views import leaks, marks, module_tree, segments_view, stack_tree, timeline_view
 
@@ -101,6 +101,8 @@ def html_data(cap: Capture, *, at: str | None = None, top: int = 200, points: in
     if isinstance(fit, dict) and fit.get("gpu"):  # a dry run of `allocscope fit`: its verdict first
         data["fit"] = card_result(str(fit["gpu"]), 0, cap, report=report) | {
             "search": fit.get("search"), "value": fit.get("value"), "command": fit.get("command")}
+        if fit.get("search"):  # the card's memory against the value, from the search's document beside it
+            data["fit"]["memory"] = searched_memory(cap.path, str(fit["gpu"]), str(fit["search"]))
     step("building the trees")
     data["stack_tree"] = stack_tree(an.att, e, fold_library=True)  # what people look at first: their own frames
     data["stack_tree_all"] = stack_tree(an.att, e)
