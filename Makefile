@@ -15,6 +15,13 @@
 # `make gpu-check` does that on a GPU machine and measures what only a GPU can
 # tell, into one folder to bring back (GPU_CHECK_OUT).
 
+# Where PYTHONDONTWRITEBYTECODE is set (these machines set it), nothing
+# writes the bytecode of allocscope (installed in place), of the tests or of
+# pytest's rewritten test modules, so each of the hundreds of processes the
+# tests start compiled them anew: collecting the tests took 7.5 s a session
+# instead of 4. Bytecode goes to __pycache__ folders, which git ignores.
+unexport PYTHONDONTWRITEBYTECODE
+
 PYTHON ?= python3
 TORCH ?= 2.14.1
 VENV := .venv
@@ -103,9 +110,9 @@ browser:
 	  { $$SUDO apt-get update -q >/dev/null 2>&1 && $$SUDO apt-get install -y -q chromium >/dev/null 2>&1; } || \
 	  echo "WARNING: Chromium could not be installed: the browser tests will be skipped"; }
 
-# (Not --no-compile: where PYTHONDONTWRITEBYTECODE is set, as on these
-# machines, nothing would ever write the bytecode, and every process would
-# compile torch from source: make test took 1,030 s instead of 606.)
+# (Not --no-compile: with PYTHONDONTWRITEBYTECODE set, as it was before the
+# unexport above, nothing ever wrote the bytecode it leaves out, and every
+# process compiled torch from source: make test took 1,030 s instead of 606.)
 PIP_INSTALL = -m pip install -q
 # Optional dependencies that tests exercise with the real library: IPython
 # (the notebook magic, allocscope.harness.notebook), transformers with
@@ -119,14 +126,9 @@ $(VENV)/.deps:
 	$(PY) $(PIP_INSTALL) $(OPTIONAL_DEPS)
 	touch $@
 
-# compileall: allocscope is installed in place (-e), so nothing writes its
-# bytecode where PYTHONDONTWRITEBYTECODE is set, and each of the tests'
-# hundreds of processes would compile it anew (0.24 s against 0.16 s for the
-# import of the reports, the recorder and the command line).
 $(VENV)/.built: $(VENV)/.deps $(SOURCES)
 	$(PY) -m pip install -q --no-build-isolation --no-deps -e .
 	$(PY) tests/native/build.py
-	$(PY) -m compileall -q python/allocscope > /dev/null
 	touch $@
 
 # The GPU machines run torch 2.11: build and test against it too, so that the
@@ -145,7 +147,6 @@ test-compat:
 	  find build-compat -name '*.so' -delete && rm -rf build-compat/python/allocscope/vgpu/lib && \
 	  cd build-compat && ../$(COMPAT_VENV)/bin/python -m pip install -q --no-build-isolation --no-deps -e . && \
 	  ../$(COMPAT_VENV)/bin/python tests/native/build.py && \
-	  ../$(COMPAT_VENV)/bin/python -m compileall -q python/allocscope > /dev/null && \
 	  { $(call PYTEST_SESSIONS,../$(COMPAT_VENV)/bin/python,-p no:cacheprovider,and not torch_agnostic $(COMPAT_EXCLUDE)); }; \
 	fi
 

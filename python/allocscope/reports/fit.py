@@ -30,8 +30,8 @@ from .report import analyse, build_report, oom_lines, waterfall_lines
 from .scaling import FIXED_CATEGORIES, model_lines
 from .text import table
 
-__all__ = ["FIT_DOCUMENT", "FIT_SCHEMA", "FitDocument", "card_lines", "card_result", "caveats", "fit_document", "render_fit",
-           "render_search", "search_document", "searched_memory"]
+__all__ = ["FIT_DOCUMENT", "FIT_SCHEMA", "FitDocument", "card_lines", "card_result", "caveats", "fit_document",
+           "render_fit", "render_search", "search_document", "searched_memory"]
 
 FIT_SCHEMA = "allocscope.fit/1"
 # Where fit leaves its document, beside the captures (the HTML page of a

@@ -123,7 +123,8 @@ def render(data: dict[str, Any]) -> str:
     payload = json.dumps(data, separators=(",", ":"), allow_nan=False).replace("<", "\\u003c")
     page = _asset("template.html")
     # Substitute the data last: nothing inside it is ever read as a placeholder.
-    for key, value in (("$VERSION", __version__), ("$CSS", _asset("report.css")), ("$JS", _asset("report.js"))):
+    script = _asset("report.js") + "\n" + _asset("fit.js")  # one script: fit.js's functions are report.js's calls
+    for key, value in (("$VERSION", __version__), ("$CSS", _asset("report.css")), ("$JS", script)):
         page = page.replace(key, value)
     return page.replace("$DATA", payload)
 
