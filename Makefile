@@ -50,7 +50,8 @@ GPU_CHECK_OUT ?= gpu-check
 # e.g. "--deadline $$(($$(date +%s) + 540))" to end inside a time limit
 GPU_CHECK_ARGS ?=
 
-.PHONY: demo test test-full test-main test-main-cpu test-main-cpu-fit test-main-cpu-agnostic test-main-cuda test-main-many-gpus test-compat test-system gpu-check browser bench clean
+.PHONY: demo test test-full test-main test-main-cpu test-main-cpu-fit test-main-cpu-agnostic \
+	test-main-cpu-agnostic-integration test-main-cpu-agnostic-unit test-main-cuda test-main-many-gpus test-compat test-system gpu-check browser bench clean
 
 # CUDA first: on the GPU if there is one, else on a virtual H100 (torch's real
 # caching allocator); then a shorter CPU recording.
@@ -66,13 +67,15 @@ demo: $(VENV)/.built
 # Two jobs at a time, one a core, each target's output printed whole when it
 # ends, in this order as slots free: the main torch's set-up and its
 # torch-dependent CPU tests beside the compat torch's set-up and sessions
-# (about 3 minutes of set-up each); then, on the main torch, `fit`'s CLI
-# tests (the torch_agnostic tests of test_fit_cli.py, 1.5 minutes) and its
-# cuda tests (2.5) in the first slot, the other torch_agnostic CPU tests (2)
-# in the second, the multi-process `many_gpus` tests (1) in whichever frees
-# first: the two slots end within seconds of each other. Measured from a fresh clone on 2 cores: benchmarks/results/make_test_*.json.
+# (about 3 minutes of set-up each); then the main torch's other sessions,
+# longest first, in whichever slot frees. Measured from a fresh clone on 2
+# cores: benchmarks/results/make_test_*.json.
 FIT_TESTS := tests/integration/test_fit_cli.py
-MAIN_TARGETS := test-main-cpu test-compat test-main-cpu-fit test-main-cuda test-main-cpu-agnostic test-main-many-gpus
+# After the first two, longest first (the slots then end close together):
+# the cuda tests (2.5 min), fit's (2), the other torch_agnostic tests of
+# tests/integration (1.5), the many_gpus tests (0.6), the unit tests (0.4).
+MAIN_TARGETS := test-main-cpu test-compat test-main-cuda test-main-cpu-fit test-main-cpu-agnostic-integration \
+	test-main-many-gpus test-main-cpu-agnostic-unit
 test:
 	@$(MAKE) --no-print-directory -j2 --output-sync=target $(MAIN_TARGETS)
 
@@ -86,8 +89,16 @@ test-main: test-main-cpu test-main-cuda test-main-cpu-fit test-main-cpu-agnostic
 test-main-cpu: browser $(VENV)/.built
 	$(call PYTEST_CPU,$(PY),-p no:cacheprovider,and not torch_agnostic $(MAIN_EXCLUDE))
 
-test-main-cpu-agnostic: browser $(VENV)/.built
-	$(call PYTEST_CPU,$(PY),-p no:cacheprovider --ignore=$(FIT_TESTS),and torch_agnostic $(MAIN_EXCLUDE))
+test-main-cpu-agnostic: test-main-cpu-agnostic-integration test-main-cpu-agnostic-unit
+
+# The torch_agnostic CPU tests in two jobs, for make test's slots to end together.
+test-main-cpu-agnostic-integration: browser $(VENV)/.built
+	@echo "allocscope tests: $$($(PY) -c 'import torch; print(torch.__version__)'), not cuda and torch_agnostic (tests/integration but $(FIT_TESTS))"
+	$(PY) -m pytest -q tests/integration --ignore=$(FIT_TESTS) -m "not cuda and torch_agnostic $(MAIN_EXCLUDE)" -p no:cacheprovider
+
+test-main-cpu-agnostic-unit: $(VENV)/.built
+	@echo "allocscope tests: $$($(PY) -c 'import torch; print(torch.__version__)'), not cuda and torch_agnostic (tests/unit)"
+	$(PY) -m pytest -q tests/unit -m "not cuda and torch_agnostic $(MAIN_EXCLUDE)" -p no:cacheprovider
 
 # A job of its own, to balance make test's two slots.
 test-main-cpu-fit: $(VENV)/.built
