@@ -36,6 +36,33 @@ def fit(tmp_path, *args, **environment):
                           timeout=600, cwd=tmp_path, env=env)
 
 
+TRY = """\
+import json, sys, torch
+fits = []
+for gib in map(int, sys.argv[1:]):  # what SCRIPT allocates, each from an empty allocator (as a new process's)
+    try:
+        x = torch.empty(gib << 30, dtype=torch.uint8, device="cuda")
+        y = torch.empty(1 << 20, device="cuda")
+        fits.append(True)
+    except torch.cuda.OutOfMemoryError:
+        fits.append(False)
+    x = y = None
+    torch.cuda.empty_cache()
+print(json.dumps(fits))
+"""
+
+
+def allocator_says(tmp_path, gpu: str, values: list[int]) -> list[bool]:
+    """Whether SCRIPT fits at each value, from torch's allocator on the card
+    itself, unrecorded: the truth a search's answer is held to (one process)."""
+    (tmp_path / "try.py").write_text(TRY)
+    r = subprocess.run([sys.executable, "-m", "allocscope", "run", "--gpu", gpu, "--no-record", "--",
+                        str(tmp_path / "try.py"), *map(str, values)], capture_output=True, text=True, timeout=300,
+                       cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-500:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 @pytest.fixture
 def script(tmp_path):
     path = tmp_path / "big.py"
@@ -131,11 +158,7 @@ def test_search_finds_the_largest_value_that_fits_in_fewer_runs(tmp_path, script
     assert values[0] <= expected < values[-1] and card["runs"] < len(values)
     # The truth from the allocator itself (no recording): the script allocates GIB GiB, so the largest value
     # that fits is the one that fits while the next does not.
-    for value, fits in ((expected, True), (expected + 1, False)):
-        r = subprocess.run([sys.executable, "-m", "allocscope", "run", "--gpu", "L4-24GB", "--no-record", "--",
-                            script, str(value)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                           env=dict(os.environ, FIT_TRUTH=str(tmp_path / "t.jsonl")))
-        assert (r.returncode == 0) == fits, (value, r.stderr[-500:])
+    assert allocator_says(tmp_path, "L4-24GB", [expected, expected + 1]) == [True, False]
     assert card["at_largest"]["verdict"] == "fits" and card["at_largest"]["value"] == expected
     assert card["at_next"]["verdict"] == "out of memory" and card["at_next"]["value"] == expected + 1
     assert card["at_largest"]["peak_reserved_bytes"] >= expected << 30
@@ -162,11 +185,7 @@ def test_a_smaller_card_of_the_same_chip_is_searched_by_replays(tmp_path, script
     assert large["runs"] <= 6  # at most bisection's ceil(log2(51 + 2)): the memory measured guides it
     assert small["runs"] <= 2 and sorted(small["tried"]) == [small["largest"], small["largest"] + 1]
     # The answer is the real allocator's: the largest value fits on the card, the next does not.
-    for value, fits in ((small["largest"], True), (small["largest"] + 1, False)):
-        r = subprocess.run([sys.executable, "-m", "allocscope", "run", "--gpu", "A100-40GB", "--no-record", "--",
-                            script, str(value)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                           env=dict(os.environ, FIT_TRUTH=str(tmp_path / "t.jsonl")))
-        assert (r.returncode == 0) == fits, (value, r.stderr[-500:])
+    assert allocator_says(tmp_path, "A100-40GB", [small["largest"], small["largest"] + 1]) == [True, False]
     text = render_search(doc)
     assert f"{small['runs']} (+{len(small['replayed'])} replayed)" in text
     assert "Replayed: values answered by replaying" in text

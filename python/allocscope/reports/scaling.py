@@ -76,7 +76,8 @@ def memory_model(name: str, points: Sequence[tuple[int, dict[str, Any]]], low: i
     """The model of a card's memory over the searched value `name` in
     low..high from the card results of its runs, [(value, card), ...]: the
     runs that fit are used (a run that ran out measured no peak)."""
-    runs = sorted((v, p, c) for v, c in points if c.get("verdict") == "fits" and (p := _parts(c)) is not None)
+    runs = sorted(((v, p, c) for v, c in points if c.get("verdict") == "fits" and (p := _parts(c)) is not None),
+                  key=lambda run: run[0])
     out: dict[str, Any] = {"name": name, "values": [v for v, _, _ in runs]}
     if len({v for v, _, _ in runs}) < 2:
         return out | {"fixed_bytes": None, "per_unit_bytes": None,
