@@ -163,13 +163,7 @@ def test_search_finds_the_largest_value_that_fits_in_fewer_runs(tmp_path, script
     assert card["at_next"]["verdict"] == "out of memory" and card["at_next"]["value"] == expected + 1
     assert card["at_largest"]["peak_reserved_bytes"] >= expected << 30
     assert os.path.exists(tmp_path / card["at_largest"]["capture"])
-    # the value through the environment: the same answer (searched between the two values known by now,
-    # so that the search is two runs, not the whole bisection again)
-    env_script = tmp_path / "env_big.py"
-    env_script.write_text("import os, sys\nsys.argv[1:] = [os.environ['GIB']]\n" + SCRIPT)
-    result = fit(tmp_path, "-f", "--gpu", "L4-24GB", "--search", f"GIB={expected}..{expected + 1}", "--json", "--",
-                 str(env_script))
-    assert json.loads(result.stdout)["cards"][0]["largest"] == expected
+    # (the value through the environment variable: test_a_search_states_memory_as_a_fixed_and_a_per_unit_part)
 
 
 def test_a_smaller_card_of_the_same_chip_is_searched_by_replays(tmp_path, script):
@@ -345,8 +339,8 @@ def test_a_mig_slice_is_the_card_its_profile_makes(tmp_path, script):
 
 
 MLP = """\
-import sys, torch
-B = int(sys.argv[1])
+import os, torch
+B = int(os.environ["B"])  # the searched value through the environment (not a {B} in the command)
 D, H, C = 256, 512, 10
 model = torch.nn.Sequential(torch.nn.Linear(D, H), torch.nn.ReLU(), torch.nn.Linear(H, C)).cuda()
 opt = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -360,14 +354,15 @@ for _ in range(2):
 
 
 def test_a_search_states_memory_as_a_fixed_and_a_per_unit_part(tmp_path):
-    """From the runs a search makes, memory against the value: on an MLP
-    with Adam whose parts follow from its shapes, parameters, gradients and
+    """From the runs a search makes (the value reaching the script through
+    the environment variable B), memory against the value: on an MLP with
+    Adam whose parts follow from its shapes, parameters, gradients and
     optimizer state are fixed to the byte, the input grows by B x D x 4 bytes,
     the labels by 8 bytes a sample; the parts sum to what each run measured;
     and the largest growing request's 10 MiB class is placed on its line."""
     D, H, C = 256, 512, 10
     (tmp_path / "mlp.py").write_text(MLP)
-    doc = allocscope.fit([str(tmp_path / "mlp.py"), "{B}"], ["H100-80GB"], output_dir=str(tmp_path / "out"),
+    doc = allocscope.fit([str(tmp_path / "mlp.py")], ["H100-80GB"], output_dir=str(tmp_path / "out"),
                          search="B=512..8192")
     (card,) = doc["cards"]
     m = card["memory"]

@@ -56,7 +56,7 @@ def in_ipython(tmp_path, cells: list[str]) -> list[dict]:
 
 def test_a_recorded_cell_shows_its_report_inline(tmp_path):
     cap = tmp_path / "cell.alsc"
-    load, setup, recorded, bad, shown, missing, fails = in_ipython(tmp_path, [
+    load, setup, recorded, bad, shown, missing, fails, no_mark = in_ipython(tmp_path, [
         "%load_ext allocscope",
         "import torch\nmodel = torch.nn.Linear(64, 32)\nopt = torch.optim.Adam(model.parameters())",
         f"%%allocscope -o {cap}\nmodel(torch.randn(16, 64)).sum().backward()\nopt.step()",
@@ -64,6 +64,7 @@ def test_a_recorded_cell_shows_its_report_inline(tmp_path):
         f"%allocscope {cap}",
         "%allocscope no-such.alsc",
         "%%allocscope --text\nmodel(torch.randn(8, 64)).sum().backward()\nraise RuntimeError('boom')",
+        "%%allocscope --at 'no such mark'\nx = torch.ones(4)",
     ])
     assert load["error"] is None and setup["error"] is None
     assert recorded["error"] is None and f"recorded the cell on cpu into {cap}" in recorded["stdout"]
@@ -87,6 +88,9 @@ def test_a_recorded_cell_shows_its_report_inline(tmp_path):
     assert missing["stdout"].startswith("allocscope: ") and missing["stdout"].strip().count("\n") == 0
     # a cell that raises: its report (here the text one) first, then the cell's own error
     assert fails["error"] == "RuntimeError" and "at the peak of allocated memory" in fails["stdout"]
+    # a report that cannot be made (--at a mark the cell never made): one line after the recording
+    assert no_mark["error"] is None and no_mark["stdout"].splitlines()[-1].startswith("allocscope: ")
+    assert "no such mark" in no_mark["stdout"]
     written = fails["stdout"].split(" into ", 1)[1].splitlines()[0]
     assert allocscope.load(written).metadata.get("devices_recorded") == ["cpu"]
 

@@ -118,7 +118,12 @@ def _record_cell(shell: Any, args: argparse.Namespace, cell: str, cells: _Cells)
         except BaseException as e:  # the capture is kept and shown, then the error is the cell's
             failure = e
     print(f"allocscope: recorded the cell on {device} into {path}")
-    show_report(path, at=args.at, text=args.text, height=args.height)
+    from ..common.errors import InputError
+
+    try:
+        show_report(path, at=args.at, text=args.text, height=args.height)
+    except InputError as e:  # --at a mark the cell never made, say: one line, and the cell's own error after
+        print(f"allocscope: {e}")
     if failure is not None:
         raise failure
 
