@@ -64,9 +64,8 @@ def _parts(card: dict[str, Any]) -> dict[str, int] | None:
 
 
 def _line(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
-    """(fixed, per_unit, largest residual) of the least-squares line."""
-    if len(np.unique(x)) < 2:
-        return float(y.mean()), 0.0, float(np.abs(y - y.mean()).max())
+    """(fixed, per_unit, largest residual) of the least-squares line (two
+    distinct values at least: the callers check)."""
     per_unit, fixed = np.polyfit(x.astype(np.float64), y.astype(np.float64), 1)
     residual = float(np.abs(y - (fixed + per_unit * x)).max())
     return float(fixed), float(per_unit), residual

@@ -56,6 +56,12 @@ def timeline_view(att: Attribution, tl: Timeline, *, points: int = 2000, modules
         if len(first):
             times = np.maximum(times, times[first[0] + 1])
     out["time_ns"] = times[picks].tolist()
+    # The moment the page's axis starts at (either axis): the last before
+    # memory first moves, as time_ns starts there.
+    still = tl.allocated[picks] == tl.allocated[picks[0]]
+    if tl.reserved is not None:
+        still &= tl.reserved[picks] == tl.reserved[picks[0]]
+    out["start"] = int(np.argmin(still)) - 1 if not still.all() else len(picks) - 1
     if tl.reserved is not None:
         out["reserved"] = tl.reserved[picks].tolist()
         base = device_readings(att.capture)

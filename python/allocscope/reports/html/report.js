@@ -127,11 +127,9 @@ function drawTimeline() {
   // By time, or by event number: the latter gives idle seconds no width.
   const useTime = TL.axis === "time" && n > 1 && t.time_ns[n - 1] > t.time_ns[0];
   const xs = useTime ? t.time_ns : t.event;
-  // The axis starts just before memory first moves (time_ns already
-  // starts there): what came before it is a flat line.
-  let moves = 0;
-  while (moves < n - 1 && t.allocated[moves + 1] === t.allocated[0] && (!t.reserved || t.reserved[moves + 1] === t.reserved[0])) moves++;
-  const first = xs[moves];
+  // The axis starts just before memory first moves (views.timeline_view's
+  // start): what came before it is a flat line.
+  const first = xs[t.start || 0];
   const full = [first, xs[n - 1] > first ? xs[n - 1] : first + 1];
   const [x0, x1] = TL.range || full;
   let lo = 0, hi = n - 1;
