@@ -2,7 +2,9 @@
 on the CPU and on the virtual GPU: a report of late steps read from the
 last checkpoint before them (load(from_step=...), `report --steps`) says
 what a whole read says; a whole read skips checkpoints; a file cut anywhere
-reads as it did without them; files without checkpoints read as before."""
+reads as it did without them; files without checkpoints read as before.
+A report at a mark (load(at_mark=...), `report --at`) read from the last
+checkpoint before it says what a whole read says there."""
 
 import gc
 import json
@@ -134,6 +136,35 @@ def assert_steps_read_from_checkpoints(path):
     return used
 
 
+# A report at a mark: the moment, and the estimate and waterfall there. Its
+# other sections (the peak, iterations, timeline, the totals per site and
+# op) cover the events read.
+_AT_MARK = ("at", "theory", "gap", "measured")
+
+
+def marks_of(cap):
+    return list(dict.fromkeys(cap.label(i) for i in np.flatnonzero(cap.events.kind == F.EventKind.MARK).tolist()))
+
+
+def assert_marks_read_from_checkpoints(path):
+    """For every mark: read as report --at reads it (load(at_mark=...)),
+    the report at the mark equals a whole read's. Returns the checkpoints
+    read from."""
+    whole = allocscope.load(path)
+    used = set()
+    for label in marks_of(whole):
+        part = allocscope.load(path, at_mark=label)
+        got, want = build_report(part, at=label), build_report(whole, at=label)
+        assert {k: got[k] for k in _AT_MARK} == {k: want[k] for k in _AT_MARK}, label
+        assert [(s["site"], s["live_bytes"]) for s in got["sites"] if s["live_bytes"]] == \
+            [(s["site"], s["live_bytes"]) for s in want["sites"] if s["live_bytes"]], label
+        if part.resumed:
+            used.add(part.resumed["seq"])
+            assert got["capture"]["partial"]["from_event"] == part.resumed["events"] > 0
+            assert len(part.events) < len(whole.events)
+    return used
+
+
 @pytest.fixture(scope="module")
 def cpu_run(tmp_path_factory):
     return train(str(tmp_path_factory.mktemp("ck") / "cpu.alsc"), "cpu")
@@ -164,6 +195,10 @@ def open_scopes(path):
     return out
 
 
+def test_a_mark_read_from_a_checkpoint_says_what_a_whole_read_says(cpu_run):
+    assert len(assert_marks_read_from_checkpoints(cpu_run)) >= 3
+
+
 def test_checkpoints_taken_inside_forward_and_backward(tmp_path):
     # A checkpoint at every chance: before each forward and each mark, so
     # also inside the model's forward and inside the recomputation of its
@@ -173,6 +208,8 @@ def test_checkpoints_taken_inside_forward_and_backward(tmp_path):
     assert any(s and not any(b for _, b in s) for s in scopes)  # forward scopes open
     assert any(any(b for _, b in s) for s in scopes)  # backward ones
     assert len(assert_steps_read_from_checkpoints(path)) >= STEPS - 3
+    # Marks: "inside" is first met in the first forward (a read from the start).
+    assert len(assert_marks_read_from_checkpoints(path)) >= len(range(1, STEPS, 4)) - 1
 
 
 @pytest.mark.cuda
@@ -192,6 +229,7 @@ def test_steps_read_from_a_checkpoint_on_the_virtual_gpu(tmp_path, settings):
             torch.cuda.empty_cache()
             set_allocator("expandable_segments:False")
     assert len(assert_steps_read_from_checkpoints(path)) >= 2
+    assert len(assert_marks_read_from_checkpoints(path)) >= 2
     # The replay from a checkpoint starts from its baseline and follows the recording.
     whole = allocscope.load(path)
     last = max(int(i["iteration"]) for i in build_report(whole)["iterations"])
@@ -255,6 +293,30 @@ def test_a_damaged_checkpoint_is_not_read_from(cpu_run, tmp_path):
     assert part.resumed is None  # read from the start, as without checkpoints
     assert comparable(build_report(part, steps=(STEPS - 2, STEPS - 2))) == \
         comparable(build_report(allocscope.load(cpu_run), steps=(STEPS - 2, STEPS - 2)))
+    with pytest.warns(TruncatedCaptureWarning, match="damaged"):
+        assert allocscope.load(path, at_mark=f"step {STEPS - 3}").resumed is None
+
+
+def test_a_mark_is_not_read_from_beyond_a_damaged_checkpoint(cpu_run, tmp_path):
+    # Each checkpoint lists the marks since the last: past a damaged one,
+    # whether a mark precedes a checkpoint is unknown.
+    from allocscope.capture import checkpoints
+
+    with open(cpu_run, "rb") as f:
+        data = bytearray(f.read())
+    found = checkpoints.find(memoryview(bytes(data)))
+    damaged = found[len(found) // 2]
+    data[damaged.offset + F.CHUNK_HEADER.size + 5] ^= 0xFF
+    path = str(tmp_path / "one_damaged.alsc")
+    with open(path, "wb") as f:
+        f.write(bytes(data))
+    whole = allocscope.load(cpu_run)
+    later = [m for m in marks_of(whole) if m.startswith("step")][-1]
+    with pytest.warns(TruncatedCaptureWarning, match="damaged"):
+        part = allocscope.load(path, at_mark=later)
+    assert part.resumed is not None and part.resumed["seq"] < damaged.seq
+    assert {k: build_report(part, at=later)[k] for k in _AT_MARK} == \
+        {k: build_report(whole, at=later)[k] for k in _AT_MARK}
 
 
 @pytest.mark.parametrize("name", ["cpu_train_v1.alsc", "cpu_watch_v2.alsc"])
@@ -272,6 +334,18 @@ def test_report_steps_reads_from_a_checkpoint(cpu_run, capsys):
     r = json.loads(capsys.readouterr().out)
     assert r["capture"]["partial"]["from_event"] > 0
     assert [i["iteration"] for i in r["iterations"]] == [STEPS - 3]
+
+
+def test_report_at_reads_from_a_checkpoint(cpu_run, capsys):
+    label = f"step {STEPS - 3}"
+    assert main(["report", cpu_run, "--at", label, "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["capture"]["partial"]["from_event"] > 0 and r["at"]["label"] == label
+    assert main(["report", cpu_run, "--at", label]) == 0
+    assert "(a checkpoint)" in capsys.readouterr().out
+    # A mark not in the file: read from the start, so the error names every mark.
+    assert main(["report", cpu_run, "--at", "no such mark"]) != 0
+    assert "'step 1'" in capsys.readouterr().err
 
 
 def test_checkpoints_can_be_turned_off(tmp_path):

@@ -21,8 +21,8 @@ from .blocks import SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP, Bum
 from .config import AllocatorConfig, recorded_config
 from .segments import baseline_reserved, baseline_segments, pending_blocks
 
-__all__ = ["KIND_NAMES", "Fidelity", "SegmentChecker", "deferred_frees", "end_window", "recorded_fraction",
-           "recorded_reserved", "request_at", "settle_end_snapshot"]
+__all__ = ["KIND_NAMES", "Fidelity", "SegmentChecker", "deferred_frees", "end_to_compare", "end_window",
+           "recorded_fraction", "recorded_reserved", "request_at", "settle_end_snapshot"]
 
 KIND_NAMES = {int(EventKind.SEGMENT_ALLOC): SEGMENT_ALLOC, int(EventKind.SEGMENT_FREE): SEGMENT_FREE,
                int(EventKind.SEGMENT_MAP): SEGMENT_MAP, int(EventKind.SEGMENT_UNMAP): SEGMENT_UNMAP}
@@ -172,6 +172,15 @@ def end_window(cap: Capture) -> list[int]:
     if not isinstance(seq, int) or not 0 < seq < n:
         return []
     return list(range(max(seq - 1, n - 1 - END_WINDOW), n - 1))
+
+
+def end_to_compare(cap: Capture, until: int) -> dict[str, Any] | None:
+    """The end baseline a replay that stopped after event `until` ends in,
+    or None: not where it stopped early, nor where the capture was read only
+    up to some step (load(through_step=...): its end baseline is the file's)."""
+    if until != len(cap.events) - 1 or cap.read_until_step is not None:
+        return None
+    return cap.baseline("end")
 
 
 def settle_end_snapshot(rep: Any, cap: Capture, window: list[int], asked: set[int]) -> Any:

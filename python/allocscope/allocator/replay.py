@@ -23,7 +23,7 @@ from . import native
 from .blocks import SEGMENT_ALLOC, Block, BumpAddresses
 from .config import AllocatorConfig, recorded_config
 from .model import DeviceAllocator, free_block_order
-from .recorded import (KIND_NAMES, Fidelity, SegmentChecker, deferred_frees, device_info, end_window,
+from .recorded import (KIND_NAMES, Fidelity, SegmentChecker, deferred_frees, device_info, end_to_compare, end_window,
                        recorded_fraction, recorded_reserved, settings_changes, settle_end_snapshot)
 from .segments import SegmentInfo, baseline_segments
 from .sizes import round_size
@@ -327,14 +327,14 @@ class _Run:
         fidelity = None
         if self.faithful:
             mismatch = next((native.first_mismatch(d.mismatch) for d in devices.values() if d.mismatch), None)
-            end = self.cap.baseline("end")
+            end = end_to_compare(self.cap, until)
             final = native.segment_infos(out["final_state"])
             fidelity = Fidelity(
                 recorded_segment_events=int(np.count_nonzero(self.seg_idx <= until)),
                 simulated_segment_events=sum(d.emitted for d in devices.values()),
                 matched=sum(d.matched for d in devices.values()), first_mismatch=mismatch,
                 allocations=out["allocations"], address_mismatches=out["address_mismatches"],
-                end_snapshot=compare_snapshot(final, baseline_segments(end)) if end and until == n - 1 else None,
+                end_snapshot=compare_snapshot(final, baseline_segments(end)) if end else None,
                 checked_until=until)
         return Replay(self.cfg, self.faithful, self.limit, devices, out["reserved"], out["allocated"],
                       out["active"], out["largest_free"], ooms, list(out["avoided_ooms"]), states, fidelity,
@@ -480,14 +480,13 @@ class _Run:
             return None
         checkers = list(self.checkers.values())
         mismatch = next((c.first_mismatch for c in checkers if c.first_mismatch is not None), None)
-        end = self.cap.baseline("end")
-        n = len(self.cap.events)
+        end = end_to_compare(self.cap, until)
         return Fidelity(
             recorded_segment_events=int(np.count_nonzero(self.seg_idx <= until)),
             simulated_segment_events=sum(len(dev.events) for dev in self.devices.values()),
             matched=sum(c.j for c in checkers), first_mismatch=mismatch, allocations=self.allocs,
             address_mismatches=self.address_mismatches,
-            end_snapshot=compare_snapshot(self.snapshot(), baseline_segments(end)) if end and until == n - 1 else None,
+            end_snapshot=compare_snapshot(self.snapshot(), baseline_segments(end)) if end else None,
             checked_until=until)
 
 

@@ -9,7 +9,8 @@ and skips the events before it undecoded.
 
 find() lists a file's checkpoints from the chunk headers (their JSON
 headers decoded, nothing else); choose() picks the one a read of steps
-first..last starts from; retained() decodes its events.
+first..last starts from, before_mark() the one a read of a mark starts
+from; retained() decodes its events.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from . import format as F
 from .codec import decode_column, unzigzag
 from .format import FormatError
 
-__all__ = ["Checkpoint", "baseline", "choose", "find", "retained"]
+__all__ = ["Checkpoint", "baseline", "before_mark", "choose", "find", "first_mark", "holds_forward_before", "retained"]
 
 
 @dataclasses.dataclass
@@ -59,10 +60,10 @@ def _header(payload: memoryview) -> tuple[dict[str, Any], int]:
     return header, pos + n
 
 
-def find(data: memoryview) -> list[Checkpoint]:
-    """The file's checkpoints, in file order, each with the events chunk its
-    point starts; a damaged one, or one whose events chunk is not in the
-    file (cut short), is left out: reading from the start still works."""
+def _scan(data: memoryview) -> list[tuple[int, int, dict[str, Any] | None, int | None]]:
+    """Every CHECKPOINT chunk in file order: (offset, length, header or None
+    where the chunk is damaged, offset of the events chunk its point starts
+    or None where that is not in the file)."""
     first_seq_at: dict[int, int] = {}  # first sequence number of an EVENTS chunk -> its offset
     found: list[tuple[int, int, int]] = []
     for kind, at, length, crc in F.chunk_headers(data, F.HEADER.size):
@@ -75,19 +76,60 @@ def find(data: memoryview) -> list[Checkpoint]:
                 break
         elif kind == F.Chunk.CHECKPOINT:
             found.append((at, length, crc))
-    out = []
+    out: list[tuple[int, int, dict[str, Any] | None, int | None]] = []
     for at, length, crc in found:
         payload = data[at + F.CHUNK_HEADER.size:at + F.CHUNK_HEADER.size + length]
-        if F.chunk_crc(F.Chunk.CHECKPOINT, length, payload) != crc:
-            continue
-        try:
-            header, _ = _header(payload)
-        except FormatError:
-            continue
-        tail = first_seq_at.get(int(header["seq"]))
-        if tail is not None:
+        header = None
+        if F.chunk_crc(F.Chunk.CHECKPOINT, length, payload) == crc:
+            try:
+                header, _ = _header(payload)
+            except FormatError:
+                pass
+        out.append((at, length, header, None if header is None else first_seq_at.get(int(header["seq"]))))
+    return out
+
+
+def find(data: memoryview) -> list[Checkpoint]:
+    """The file's checkpoints, in file order, each with the events chunk its
+    point starts; a damaged one, or one whose events chunk is not in the
+    file (cut short), is left out: reading from the start still works."""
+    return [Checkpoint(at, length, header, tail) for at, length, header, tail in _scan(data)
+            if header is not None and tail is not None]
+
+
+def before_mark(data: memoryview, label: str) -> list[Checkpoint]:
+    """The checkpoints a read of the first MARK labelled `label` can start
+    from, in file order: those whose point is known to precede that mark.
+    Each checkpoint lists the marks since the one before it, so the mark
+    follows every checkpoint before the first that lists it. A damaged
+    checkpoint's list is unknown: none after it is chosen. Not those taken
+    after private pools were used (see choose())."""
+    out = []
+    for at, length, header, tail in _scan(data):
+        marks = header.get("marks") if header is not None else None
+        if not isinstance(marks, list) or label in marks:
+            break
+        if tail is not None and not header.get("private_pools"):
             out.append(Checkpoint(at, length, header, tail))
     return out
+
+
+def first_mark(capture: Any, label: str) -> int | None:
+    """Index of the first MARK event labelled `label` a capture holds, or None."""
+    marks = np.flatnonzero(capture.events.kind == F.EventKind.MARK).tolist()
+    return next((i for i in marks if capture.label(i) == label), None)
+
+
+def holds_forward_before(capture: Any, mark: int) -> bool:
+    """Whether a capture read from a checkpoint holds the start of the last
+    forward phase begun before event `mark` (the forward the estimate at the
+    mark is of: estimate.theory), or, with none begun before it, was read
+    from where no phase had been (iteration -1)."""
+    phases = np.flatnonzero(capture.events.kind[:mark] == F.EventKind.PHASE).tolist()
+    forwards = [i for i in phases if capture.label(i) == "forward"]
+    if forwards:
+        return forwards[-1] >= capture.prefix_events
+    return capture.resumed is None or int(capture.resumed["iteration"]) < 0
 
 
 def choose(checkpoints: list[Checkpoint], first_step: int) -> Checkpoint | None:

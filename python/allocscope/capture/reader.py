@@ -146,7 +146,8 @@ class Capture:
 
 
 def load(path: str | os.PathLike[str], *, salvage: bool = False, progress: bool | None = None,
-         through_step: int | None = None, from_step: int | None = None, engine: str = "auto") -> Capture:
+         through_step: int | None = None, from_step: int | None = None, at_mark: str | None = None,
+         engine: str = "auto") -> Capture:
     """Reads a capture file.
 
     Raises NotACaptureError, UnsupportedVersionError or CorruptCaptureError
@@ -162,6 +163,8 @@ def load(path: str | os.PathLike[str], *, salvage: bool = False, progress: bool 
     from_step: read only what optimizer steps from this one on need: from
     the last checkpoint before it (docs/format.md, CHECKPOINT), if the file
     has one (Capture.resumed says which); events before it are not decoded.
+    at_mark: read what a report at the first MARK with this label needs
+    (report --at): from a checkpoint before it, through its iteration + 1.
     engine: "auto" (the native decoder where allocscope._analysis is built),
     "native", or "numpy" (the reference decoder).
     """
@@ -169,14 +172,39 @@ def load(path: str | os.PathLike[str], *, salvage: bool = False, progress: bool 
     for name, step in (("through_step", through_step), ("from_step", from_step)):
         if step is not None and step < 0:
             raise InputError(f"{name} must be >= 0, not {step}")
+    if at_mark is not None and (through_step is not None or from_step is not None):
+        raise InputError("at_mark reads what one mark needs: not with through_step or from_step")
+    partial = through_step is not None or from_step is not None or at_mark is not None
     try:
         with open(path, "rb") as f:
-            data = _map(f) if through_step is not None or from_step is not None else f.read()
+            data = _map(f) if partial else f.read()
     except IsADirectoryError:
         raise CaptureError(f"{path} is a directory, not a capture file") from None
     except OSError as e:
         raise CaptureError(f"cannot read {path}: {e.strerror or e}") from None
-    return _Decoder(path, data, salvage, progress, through_step, engine, from_step).run()
+    capture = _read_at_mark(path, data, salvage, progress, engine, at_mark) if at_mark is not None else \
+        _Decoder(path, data, salvage, progress, through_step, engine, from_step).run()
+    for message in capture.warnings:
+        warnings.warn(f"{path}: {message}", TruncatedCaptureWarning, stacklevel=2)
+    return capture
+
+
+def _read_at_mark(path: str, data: bytes | mmap.mmap, salvage: bool, progress: bool | None, engine: str,
+                  label: str) -> Capture:
+    """load(at_mark=label): from the last checkpoint before the mark that
+    also precedes the forward the estimate at the mark is of (the last one
+    begun before it: estimate.theory), else from an earlier one."""
+    candidates = CK.before_mark(memoryview(data), label) if len(data) else []
+    while True:
+        start = candidates.pop() if candidates else None
+        capture = _Decoder(path, data, salvage, progress, engine=engine, at_mark=label, resume=start).run()
+        if start is None:
+            return capture
+        mark = CK.first_mark(capture, label)
+        if mark is None:
+            candidates = []  # no such mark: a read from the start, whose report names the marks there are
+        elif CK.holds_forward_before(capture, mark):
+            return capture
 
 
 def _map(f: Any) -> bytes | mmap.mmap:
@@ -189,12 +217,15 @@ def _map(f: Any) -> bytes | mmap.mmap:
 
 class _Decoder:
     def __init__(self, path: str, data: bytes | mmap.mmap, salvage: bool, progress: bool | None,
-                 through_step: int | None = None, engine: str = "auto", from_step: int | None = None):
+                 through_step: int | None = None, engine: str = "auto", from_step: int | None = None,
+                 at_mark: str | None = None, resume: CK.Checkpoint | None = None):
         self.path = path
         self.data = memoryview(data)
         self.salvage = salvage
         self.through_step = through_step
-        self.resume = CK.choose(CK.find(self.data), from_step) if from_step is not None and len(data) else None
+        self.resume = CK.choose(CK.find(self.data), from_step) if from_step is not None and len(data) else resume
+        self.at_mark = at_mark  # until the mark is read; then through_step is its iteration
+        self.iteration = -1  # the last PHASE's iteration read (while looking for the mark)
         self.engine = engine
         self.progress = Progress(f"loading {os.path.basename(path)}", len(data), enabled=progress)
         self.capture = Capture(path)
@@ -229,8 +260,6 @@ class _Decoder:
         finally:
             self.progress.close()
         self._finish()
-        for message in self.capture.warnings:
-            warnings.warn(f"{self.path}: {message}", TruncatedCaptureWarning, stacklevel=3)
         return self.capture
 
     def _damaged(self, message: str) -> None:
@@ -357,6 +386,8 @@ class _Decoder:
 
     def _read_enough(self) -> bool:
         """Whether the last events block holds the start of step through_step + 2."""
+        if self.at_mark is not None:
+            self._look_for_mark()
         if self.through_step is None:
             return False
         kind, addr = self.last["kind"], self.last["addr"]
@@ -365,6 +396,21 @@ class _Decoder:
             return False
         self.capture.read_until_step = int(addr[phases].max())
         return True
+
+    def _look_for_mark(self) -> None:
+        """If the last events block holds the mark load(at_mark=...) reads
+        for, what follows is read as far as through_step = its iteration
+        (the last PHASE's before it) would read."""
+        kind, addr = self.last["kind"] & F.KIND_MASK, self.last["addr"]
+        marks = np.flatnonzero(kind == EventKind.MARK).tolist()
+        strings, arg = self.capture.strings, self.last["arg"]
+        at = next((i for i in marks if int(arg[i]) < len(strings) and strings[int(arg[i])] == self.at_mark), None)
+        phases = kind[:at] == EventKind.PHASE  # (at None: the whole block)
+        if self.resume is not None and self.iteration < 0:
+            self.iteration = self.resume.iteration
+        self.iteration = max(self.iteration, int(addr[:at][phases].max()) if phases.any() else -1)
+        if at is not None:
+            self.at_mark, self.through_step = None, max(self.iteration, 0)
 
     def _find_footer(self, pos: int) -> None:
         """After a partial read: the baselines taken when recording stopped

@@ -19,6 +19,9 @@ each category's difference, allocator rounding, cached free memory, and memory
 outside PyTorch's allocator. Categories need a watched model
 (`rec.watch(model, optimizer)`); see docs/attribution.md. Sizes are in binary
 units (KiB = 1024 B). --json prints the same as JSON (schema: docs/report.md).
+On a long capture --steps and --at read only what they need: from the last
+checkpoint before them, to the step after theirs. The peak, iterations and
+timeline then cover the events read, which the report names.
 
 examples:
   allocscope report step.alsc
@@ -74,10 +77,13 @@ def run(args: argparse.Namespace) -> int:
         ranks = build_ranks(load_run(files), top=args.top)
         print(json.dumps(ranks, indent=1) if args.json else render_ranks(ranks, args.top))
         return 0
-    # --steps reads only as far as the steps need (reader.load(through_step=)).
-    # --steps reads from the last checkpoint before them too, where the file has one.
-    first, last = args.steps if args.steps is not None else (None, None)
-    cap = load(files[0], through_step=last, from_step=first)
+    # --steps and --at read only as far as the steps or the mark need, from
+    # the last checkpoint before them where the file has one (reader.load).
+    if args.at is not None:
+        cap = load(files[0], at_mark=args.at)
+    else:
+        first, last = args.steps if args.steps is not None else (None, None)
+        cap = load(files[0], through_step=last, from_step=first)
     report = build_report(cap, at=args.at, steps=args.steps, top=args.top)
     if args.json:
         print(json.dumps(report, indent=1))

@@ -17,6 +17,7 @@ from ..attribution.estimate import theory, waterfall
 from ..attribution.ops import NO_OP
 from ..attribution.timeline import (Timeline, category_timeline, iteration_bounds, iterations, moment, ops, sites,
                                     timeline)
+from ..capture.checkpoints import first_mark
 from ..capture.format import EventKind
 from ..capture.reader import Capture
 from ..common.errors import InputError
@@ -124,10 +125,10 @@ def step_window(cap: Capture, first: int, last: int) -> tuple[int, int]:
 
 def find_mark(cap: Capture, label: str) -> int:
     """Event index of the first MARK with this label."""
+    first = first_mark(cap, label)
+    if first is not None:
+        return first
     ev = cap.events
-    for i in np.flatnonzero(ev.kind == EventKind.MARK).tolist():
-        if cap.label(i) == label:
-            return int(i)
     marks = sorted({cap.label(i) for i in np.flatnonzero(ev.kind == EventKind.MARK).tolist()})
     known = ", ".join(repr(m) for m in marks[:10]) or "none"
     raise MarkNotFound(f"no mark labelled {label!r} in {cap.path} (marks: {known})")
@@ -249,7 +250,9 @@ def render(r: dict[str, Any], top: int = 10) -> str:
     if "partial" in cap:
         part = cap["partial"]
         of = f" of {part['events_in_file']}" if part["events_in_file"] is not None else ""
-        events += f" read{of} (up to the start of step {part['until_step']}; the rest was not read)"
+        read = [f"from event {part['from_event']} (a checkpoint)"] if part.get("from_event") else []
+        read += [f"up to the start of step {part['until_step']}"] if part["until_step"] is not None else []
+        events += f" read{of} ({', '.join(read)}; the rest was not read)"
     lines = [f"{cap['path']}: {cap['device_type']}, {events}, "
              f"{cap['duration_ns'] / 1e9:.2f} s{'' if cap['complete'] else ' (incomplete)'}"]
     if cap.get("virtual_gpu"):
