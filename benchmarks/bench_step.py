@@ -12,6 +12,8 @@ ResNet-style CNN. Modes, interleaved over rounds (median reported):
                     Python hooks on autograd nodes instead of the op callback)
   allocscope-watch-pypack  allocscope-watch with the saved-tensor hook in Python (the watcher's before
                     2026-11-25: recording.watcher.PythonSavedTensorLabeler) instead of C++
+  allocscope-watch-pygrads  allocscope-watch with gradients labelled by a Python hook per parameter (the
+                    watcher's before 2026-11-25: Watch.native_gradients = False) instead of by the op callback
   allocscope-watch-nocheckpoints  allocscope-watch with checkpoint_every=0: the
                     writer thread does not follow the live set (what checkpoints cost)
   torch-history     torch.cuda.memory._record_memory_history(stacks="python") (CUDA only)
@@ -41,7 +43,7 @@ from torch import nn
 
 import allocscope
 from allocscope.recording.session import CHECKPOINT_EVERY
-from allocscope.recording.watcher import PythonSavedTensorLabeler
+from allocscope.recording.watcher import PythonSavedTensorLabeler, Watch
 from _common import emit, environment, on_virtual_gpu
 
 
@@ -128,6 +130,8 @@ def run_steps(model, opt, make_input, loss_fn, steps, device):
 def timed(mode, model, opt, make_input, loss_fn, steps, device, path, snapshot_path=None):
     if mode == "off":
         return run_steps(model, opt, make_input, loss_fn, steps, device), None
+    if mode == "allocscope-watch-pygrads":
+        return timed_watch_pygrads(model, opt, make_input, loss_fn, steps, device, path)
     if mode in ("torch-history", "torch-history-cpp"):
         torch.cuda.memory._record_memory_history(max_entries=10_000_000,
                                                  stacks="python" if mode == "torch-history" else "all")
@@ -147,6 +151,17 @@ def timed(mode, model, opt, make_input, loss_fn, steps, device, path, snapshot_p
             if mode == "allocscope-watch-pypack":
                 w._saved = PythonSavedTensorLabeler(w)
         t = run_steps(model, opt, make_input, loss_fn, steps, device)
+    return t, rec.summary
+
+
+def timed_watch_pygrads(model, opt, make_input, loss_fn, steps, device, path):
+    Watch.native_gradients = False
+    try:
+        with allocscope.record(path, device=device, checkpoint_every=CHECKPOINT_EVERY) as rec:
+            rec.watch(model, opt)
+            t = run_steps(model, opt, make_input, loss_fn, steps, device)
+    finally:
+        Watch.native_gradients = True
     return t, rec.summary
 
 
@@ -183,7 +198,8 @@ def main():
     tmp = tempfile.mkdtemp()
     path = os.path.join(tmp, "step.alsc")
     modes = ["off", "allocscope-none", "allocscope-noops", "allocscope-python", "allocscope-watch",
-             "allocscope-watch-noops", "allocscope-watch-pypack", "allocscope-watch-nocheckpoints"]
+             "allocscope-watch-noops", "allocscope-watch-pypack", "allocscope-watch-pygrads",
+             "allocscope-watch-nocheckpoints"]
     modes += ["torch-history", "torch-history-cpp"] if args.device == "cuda" else []
     if args.modes:
         unknown = set(args.modes.split(",")) - set(modes)
@@ -228,6 +244,7 @@ def main():
             "ops_over_stacks_pct": _pct(med, "allocscope-python", "allocscope-noops"),
             "checkpoints_over_watch_pct": _pct(med, "allocscope-watch", "allocscope-watch-nocheckpoints"),
             "native_saved_hook_ms_per_step": _ms(med, "allocscope-watch", "allocscope-watch-pypack"),
+            "native_gradients_ms_per_step": _ms(med, "allocscope-watch", "allocscope-watch-pygrads"),
             # overheads over torch's recorder's, and watching's over recording's (record()'s defaults:
             # no ops unwatched), as issue 29 asks them
             "default_recording_over_torch": _overhead_ratio(med, "allocscope-noops", "torch-history"),

@@ -6,6 +6,7 @@
 
 #include "cpu_allocator.h"
 #include "format/format.h"
+#include "gradients.h"
 #include "ops.h"
 #include "saved.h"
 #include "recorder.h"
@@ -81,6 +82,17 @@ PYBIND11_MODULE(_C, m) {
           },
           py::arg("tensor"))
       .def_static("unpack", [](py::object tensor) { return tensor; }, py::arg("tensor"));
+  py::class_<gradients::Watch>(m, "GradientWatch")
+      .def(py::init([](const py::list& params, bool cuda, bool cpu) {
+             std::vector<std::pair<PyObject*, std::string>> pairs;
+             for (py::handle item : params) {
+               auto pair = item.cast<py::tuple>();
+               pairs.emplace_back(pair[0].ptr(), pair[1].cast<std::string>());
+             }
+             return std::make_unique<gradients::Watch>(pairs, cuda, cpu);
+           }),
+           py::arg("params"), py::arg("cuda"), py::arg("cpu"))
+      .def("remove", &gradients::Watch::remove);
   m.def(
       "add_baseline",
       [](std::string json) { Recorder::get().add_json_chunk(format::kChunkBaseline, std::move(json)); },

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "format/format.h"
+#include "gradients.h"
 #include "recorder.h"
 
 namespace allocscope::ops {
@@ -175,6 +176,11 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
 }
 
 void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
+  // An AccumulateGrad node (sequence number -1) ends: its parameter's
+  // gradient is in (gradients.h).
+  if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION && fn.seqNr() == -1 && gradients::any()) {
+    gradients::accumulated();
+  }
   ThreadOps& t = this_thread();
   // Normally the top; an op whose start this thread did not see (the
   // callback came or went while it ran, or an async op) leaves it alone.

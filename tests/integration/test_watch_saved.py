@@ -42,9 +42,14 @@ def _recorded(path, make_model, make_input, reference):
             model(make_input()).float().square().mean().backward()
             opt.step()
             opt.zero_grad()
-    cap = allocscope.load(path)
+    return labels_and_meaning(allocscope.load(path), EventKind.ACTIVATION)
+
+
+def labels_and_meaning(cap, kind):
+    """The annotations of this kind, (label, size), in order; and each
+    recorded allocation's (category, module, tensor name, size)."""
     ev = cap.events
-    labels = [(cap.strings[int(ev.arg[i])], int(ev.size[i])) for i in np.flatnonzero(ev.kind == EventKind.ACTIVATION)]
+    labels = [(cap.strings[int(ev.arg[i])], int(ev.size[i])) for i in np.flatnonzero(ev.kind == kind)]
     att = attribute(cap)
     rows = np.flatnonzero(att.start >= 0)
     meaning = [(CATEGORIES[att.category[r]], att.names[att.module[r]] if att.module[r] >= 0 else None,

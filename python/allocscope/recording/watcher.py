@@ -18,6 +18,10 @@ calls) and torch.autograd.grad, so that the backward phase starts before the
 loss's own backward kernels allocate; they are restored when the last watch
 ends.
 
+Gradients: where the recording records ops, the recorder labels them itself
+as each parameter's AccumulateGrad node ends (csrc/recorder/gradients.h);
+otherwise a post-accumulate-grad hook on each parameter does.
+
 Backward module scopes: where the recording records ops (by default from its
 first watch() on), the
 recorder writes them itself as autograd nodes run (csrc/recorder/ops.h: each node
@@ -167,6 +171,10 @@ class Watch:
     active recording. Made by Recording.watch() or allocscope.watch(); removed
     by remove() or when the recording stops."""
 
+    # False: gradients are labelled by Python hooks even where ops are
+    # recorded (the reference the native labels are tested and timed against).
+    native_gradients = True
+
     def __init__(self, model: Any, optimizer: Any = None, *, name: str | None = None,
                  device_types: tuple[str, ...] = ("cpu", "cuda")):
         """device_types: the devices the recording records; tensors elsewhere
@@ -184,7 +192,7 @@ class Watch:
         self._handles: list[Any] = []
         self._local = threading.local()  # per thread: the forward module stack, the saved-tensor hooks
         self._param_fingerprint: tuple[int, ...] = ()
-        self._params: list[tuple[str, Any]] = []
+        self._params: list[tuple[str, weakref.ref[Any]]] = []
         self._param_storages: set[int] = set()
         self._state_seen: dict[tuple[int, str], int] = {}
         self._state_fingerprints: dict[int, tuple[int, ...]] = {}  # id(optimizer) -> its state's tensor ids
@@ -206,8 +214,15 @@ class Watch:
                 self._root_pre = pre
             self._handles.append(m.register_forward_pre_hook(pre))
             self._handles.append(m.register_forward_hook(post, always_call=True))
-        for p in model.parameters():
-            if p.requires_grad:
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        if native().ops_active() and self.native_gradients:
+            # The op callback labels gradients as AccumulateGrad nodes end
+            # (csrc/recorder/gradients.h): no Python hook per parameter.
+            grads = native().GradientWatch([(p, self._param_names[id(p)]) for p in trainable],
+                                           "cuda" in self._device_types, "cpu" in self._device_types)
+            self._handles.append(grads)
+        else:
+            for p in trainable:
                 self._handles.append(p.register_post_accumulate_grad_hook(self._grad_hook(self._param_names[id(p)])))
         if optimizer is not None:
             self._attach(optimizer)
@@ -315,9 +330,12 @@ class Watch:
         # Each forward checks whether the parameters moved (model.to(...)):
         # a walk over the module tree costs more than the data pointers, so
         # the parameter list is kept from the last walk.
-        if not force and tuple(p.data_ptr() for _, p in self._params) == self._param_fingerprint:
+        # (held weakly: a model deleted while watched is freed as unwatched)
+        if not force and self._param_fingerprint == tuple(p().data_ptr() if p() is not None else 0
+                                                          for _, p in self._params):
             return
-        params = self._params = list(model.named_parameters())
+        params = list(model.named_parameters())
+        self._params = [(fqn, weakref.ref(p)) for fqn, p in params]
         self._param_fingerprint = tuple(p.data_ptr() for _, p in params)
         labelled: set[int] = set()  # shared storage (tied weights) is named once
         for fqn, p in params:
