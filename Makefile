@@ -47,6 +47,9 @@ PYTEST_CUDA = echo "allocscope tests: $$($(1) -c 'import torch; print(torch.__ve
 	$(1) -m pytest -q tests -m "cuda $(3)" --vgpu $(VGPU) --tb=short $(2)
 PYTEST_SESSIONS = $(call PYTEST_CPU,$(1),$(2),$(3)) && $(call PYTEST_CUDA,$(1),$(2),$(3))
 GPU_CHECK_OUT ?= gpu-check
+# the whole folder packed into one .tar.gz after every step (a device call
+# brings back 8 files at most), e.g. GPU_CHECK_ARCHIVE=$$OUT/gpu-check.tar.gz
+GPU_CHECK_ARCHIVE ?=
 # e.g. "--deadline $$(($$(date +%s) + 540))" to end inside a time limit
 GPU_CHECK_ARGS ?=
 
@@ -175,7 +178,7 @@ test-system:
 gpu-check:
 	$(PYTHON) -m pip install -q --no-build-isolation --no-deps -e .
 	$(PYTHON) tests/native/build.py
-	$(PYTHON) benchmarks/gpu_check.py --out $(GPU_CHECK_OUT) $(GPU_CHECK_ARGS)
+	$(PYTHON) benchmarks/gpu_check.py --out $(GPU_CHECK_OUT) $(if $(GPU_CHECK_ARCHIVE),--archive $(GPU_CHECK_ARCHIVE)) $(GPU_CHECK_ARGS)
 
 bench: $(VENV)/.built
 	$(PY) benchmarks/bench_cpu_overhead.py

@@ -187,10 +187,11 @@ def build_vgpu(out_dir: str, work_dir: str) -> bool:
         # would stand in for torch's own: the weak instantiations of the C++
         # library's inline functions and templates that every object file
         # carries (std::vector's, and with GCC 13's headers exception_ptr's
-        # reference counting among them). That is the likely cause of the
-        # H100 machine's failure (docs/vgpu.md, "Exceptions on the GPU
-        # machine"), where every exception caught in torch arrived as "e_ptr
-        # INTERNAL ASSERT FAILED"; not yet confirmed there.
+        # reference counting among them). On the GPU machines (GCC 13's
+        # library) every exception caught in torch arrived as "e_ptr INTERNAL
+        # ASSERT FAILED" while the stand-ins exported those; since they export
+        # their API alone, all arrive intact there (docs/vgpu.md, "Exceptions
+        # on the GPU machine": an H200 machine of the same image, 2026-11-26).
         script = os.path.join(work_dir, f"{name}.map")
         with open(script, "w") as f:
             f.write(f"{version_node or ''} {{ global: {_vgpu_exports(name)} local: *; }};\n")
