@@ -15,8 +15,11 @@ added alone:
                       (what any hook costs: Module._call_impl's slow path)
   empty_grad_hooks    a post-accumulate-grad hook that does nothing on every parameter
   watch               rec.watch(model, optimizer): all of it
+  watch_without_module_hooks  the same with the forward hooks of every module but the root removed
+                      (watch's module hooks cost the difference; the root's begin the forward)
 Modes interleave over rounds; per step, the median and the fastest round's
-milliseconds over no recording.
+milliseconds over no recording, by wall time or (--clock cpu) the CPU time of
+every thread of the process, which another process on the machine disturbs less.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import argparse
 import os
 import statistics
 import tempfile
+import time
 
 import torch
 
@@ -37,6 +41,7 @@ from bench_step import run_steps, workloads
 def measure(name, model, make_input, loss_fn, device, args, path) -> dict:
     """One workload: each part alone, interleaved over rounds."""
     C = native()
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     run_steps(model, opt, make_input, loss_fn, 3, device)
 
@@ -54,6 +59,13 @@ def measure(name, model, make_input, loss_fn, device, args, path) -> dict:
         hs = [p.register_post_accumulate_grad_hook(lambda p: None) for p in model.parameters()]
         return lambda: [h.remove() for h in hs]
 
+    def watch_without_module_hooks(rec):
+        w = rec.watch(model, opt)
+        # (Watch registers a pre-hook and a hook per module, the root's first: the others go)
+        for h in w._handles[2:2 * len(list(model.modules()))]:
+            h.remove()
+        return w.remove
+
     def native_saved():
         lab = C.SavedTensorLabeler(device == "cuda", device == "cpu", name, [torch.Tensor, torch.nn.Parameter])
         return saved(lab.pack, lab.unpack)
@@ -64,19 +76,20 @@ def measure(name, model, make_input, loss_fn, device, args, path) -> dict:
              "saved_hooks_python": lambda rec: saved(lambda t: t.detach(), lambda t: t),
              "empty_module_hooks": lambda rec: module_hooks(),
              "empty_grad_hooks": lambda rec: grad_hooks(),
-             "watch": lambda rec: rec.watch(model, opt).remove}
+             "watch": lambda rec: rec.watch(model, opt).remove,
+             "watch_without_module_hooks": watch_without_module_hooks}
 
     def timed(setup):
         with allocscope.record(path, device=device, ops=False) as rec:
             undo = setup(rec)
             run_steps(model, opt, make_input, loss_fn, 2, device)
-            t = run_steps(model, opt, make_input, loss_fn, args.steps, device)
+            t = run_steps(model, opt, make_input, loss_fn, args.steps, device, clock)
             undo()
         return t
 
     off, samples = [], {m: [] for m in parts}
     for _ in range(args.rounds):
-        off.append(run_steps(model, opt, make_input, loss_fn, args.steps, device))
+        off.append(run_steps(model, opt, make_input, loss_fn, args.steps, device, clock))
         for m, setup in parts.items():
             samples[m].append(timed(setup))
     o = statistics.median(off)
@@ -90,6 +103,8 @@ def main() -> None:
     parser.add_argument("--gpu", help="run on this virtual GPU")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="wall time, or the CPU time of every thread of the process")
     parser.add_argument("--out")
     args = parser.parse_args()
     on_virtual_gpu(args.gpu)
@@ -98,7 +113,7 @@ def main() -> None:
     results = {}
     for name, (model, make_input, loss_fn, config) in workloads(device, False).items():
         results[name] = {"config": config, **measure(name, model, make_input, loss_fn, device, args, path)}
-    emit({"benchmark": "watch_parts", **environment(), "device": device, "rounds": args.rounds,
+    emit({"benchmark": "watch_parts", **environment(), "device": device, "clock": args.clock, "rounds": args.rounds,
           "steps": args.steps, "results": results}, args.out)
 
 
