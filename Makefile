@@ -48,7 +48,8 @@ PYTEST_CUDA = echo "allocscope tests: $$($(1) -c 'import torch; print(torch.__ve
 PYTEST_SESSIONS = $(call PYTEST_CPU,$(1),$(2),$(3)) && $(call PYTEST_CUDA,$(1),$(2),$(3))
 GPU_CHECK_OUT ?= gpu-check
 # the whole folder packed into one .tar.gz after every step (a device call
-# brings back 8 files at most), e.g. GPU_CHECK_ARCHIVE=$$OUT/gpu-check.tar.gz
+# brings back 8 files at most): e.g. GPU_CHECK_OUT=/tmp/gpu-check
+# GPU_CHECK_ARCHIVE=$$OUT/gpu-check.tar.gz, the folder outside $$OUT
 GPU_CHECK_ARCHIVE ?=
 # e.g. "--deadline $$(($$(date +%s) + 540))" to end inside a time limit
 GPU_CHECK_ARGS ?=

@@ -286,7 +286,8 @@ def measure(summary: list, out: str, python: str, real_env: dict, machine: dict,
         write_summary()
 
     if wanted("step"):
-        # (7 rounds, as issue 29 asks of the virtual H100's: the card's spread between rounds is as wide)
+        # (7 rounds, as issue 29 asks of the virtual H100's: a card's rounds spread widely too, 12.9 to
+        # 18.0 ms for ResNet watched on the H200 on 2026-11-26)
         step(summary, "bench_step", [python, "benchmarks/bench_step.py", "--rounds", "7",
                                      "--out", os.path.join(out, "step_gpu.json")],
              out, 900, real_env)
