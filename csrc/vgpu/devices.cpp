@@ -105,7 +105,7 @@ Config load_config() {
     return c;
   }
   for (const Device& d : devices) {  // a device's own memory, else everyone's, else its model's
-    uint64_t total = d.memory != 0 ? d.memory : memory != 0 ? memory : d.preset->total_mib << 20;
+    uint64_t total = d.memory != 0 ? d.memory : memory != 0 ? memory : d.preset->total_bytes;
     c.devices.push_back(DeviceInfo{d.preset, total, std::min(context, total)});
   }
   c.event_polls = static_cast<int>(polls);
@@ -224,7 +224,7 @@ const char* allocscope_vgpu_presets_json() {
                     "%s{\"key\": %s, \"name\": %s, \"total_memory\": %llu, \"major\": %d, \"minor\": %d, "
                     "\"multi_processor_count\": %d, \"l2_cache_size\": %d}",
                     i == 0 ? "" : ", ", json_string(p.key).c_str(), json_string(p.name).c_str(),
-                    static_cast<unsigned long long>(p.total_mib << 20), p.major, p.minor, p.sms, p.l2_bytes);
+                    static_cast<unsigned long long>(p.total_bytes), p.major, p.minor, p.sms, p.l2_bytes);
       out += buf;
     }
     return out + "]";

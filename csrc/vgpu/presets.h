@@ -1,12 +1,13 @@
 // The GPU models the virtual GPU can be: what torch reads of a device.
 //
-// total_mib is the total memory CUDA reports (cudaMemGetInfo, totalGlobalMem)
+// total_bytes is the total memory CUDA reports (cudaMemGetInfo, totalGlobalMem)
 // on a typical card of that model: less than the marketing size and less than
 // nvidia-smi's total, and it varies a little with the driver and ECC. The
 // values come from `torch.cuda.get_device_properties` printouts of real cards;
 // `make gpu-check` records the real figure where a GPU is lent (H100-80GB:
-// 81079 MiB measured on an H100 80GB HBM3, driver 580.159.04). Override with
-// ALLOCSCOPE_VGPU_MEMORY (allocscope run --gpu-memory).
+// 81079 MiB measured on an H100 80GB HBM3; H200-141GB: 150,109,880,320 B,
+// 64 KiB short of 143,156 MiB, on an NVIDIA H200; driver 580.159.04). Override
+// with ALLOCSCOPE_VGPU_MEMORY (allocscope run --gpu-memory).
 #pragma once
 
 #include <cstdint>
@@ -16,7 +17,7 @@ namespace vgpu {
 struct Preset {
   const char* key;   // what users type: --gpu H100-80GB
   const char* name;  // cudaDeviceProp::name, as the driver reports it
-  uint64_t total_mib;
+  uint64_t total_bytes;
   int major, minor;
   int sms;
   int l2_bytes;
@@ -31,15 +32,17 @@ struct Preset {
 
 inline constexpr int kKiB = 1024;
 inline constexpr int kMiB = 1024 * 1024;
+constexpr uint64_t mib(uint64_t n) { return n << 20; }
 
-// The whole cards.
-inline constexpr Preset kH100_80GB = {"H100-80GB", "NVIDIA H100 80GB HBM3", 81079, 9, 0, 132, 50 * kMiB, 227 * kKiB,
+// The whole cards. The H100's and H200's memory, SMs, capability and L2 are
+// as torch read them on the cards (`make gpu-check`, 2026-11-25 and -26).
+inline constexpr Preset kH100_80GB = {"H100-80GB", "NVIDIA H100 80GB HBM3", mib(81079), 9, 0, 132, 50 * kMiB, 227 * kKiB,
                                       228 * kKiB, 2048, 32, 5120, 1980000, 2619000};
-inline constexpr Preset kH200_141GB = {"H200-141GB", "NVIDIA H200", 143156, 9, 0, 132, 50 * kMiB, 227 * kKiB,
+inline constexpr Preset kH200_141GB = {"H200-141GB", "NVIDIA H200", 150109880320ull, 9, 0, 132, 60 * kMiB, 227 * kKiB,
                                        228 * kKiB, 2048, 32, 6144, 1980000, 3201000};
-inline constexpr Preset kA100_80GB = {"A100-80GB", "NVIDIA A100-SXM4-80GB", 81050, 8, 0, 108, 40 * kMiB, 163 * kKiB,
+inline constexpr Preset kA100_80GB = {"A100-80GB", "NVIDIA A100-SXM4-80GB", mib(81050), 8, 0, 108, 40 * kMiB, 163 * kKiB,
                                       164 * kKiB, 2048, 32, 5120, 1410000, 1593000};
-inline constexpr Preset kA100_40GB = {"A100-40GB", "NVIDIA A100-SXM4-40GB", 40536, 8, 0, 108, 40 * kMiB, 163 * kKiB,
+inline constexpr Preset kA100_40GB = {"A100-40GB", "NVIDIA A100-SXM4-40GB", mib(40536), 8, 0, 108, 40 * kMiB, 163 * kKiB,
                                       164 * kKiB, 2048, 32, 5120, 1410000, 1215000};
 
 // A MIG GPU instance of `card`: what CUDA reports inside it. Its memory and
@@ -52,7 +55,7 @@ constexpr Preset mig(const Preset& card, const char* key, const char* name, uint
   Preset p = card;
   p.key = key;
   p.name = name;
-  p.total_mib = total_mib;
+  p.total_bytes = mib(total_mib);
   p.sms = sms;
   p.l2_bytes = card.l2_bytes / 8 * eighths;
   p.bus_width_bits = card.bus_width_bits / 8 * eighths;
@@ -70,11 +73,11 @@ inline constexpr Preset kPresets[] = {
     kH200_141GB,
     kA100_80GB,
     kA100_40GB,
-    {"L4-24GB", "NVIDIA L4", 22563, 8, 9, 58, 48 * kMiB, 99 * kKiB, 100 * kKiB, 1536, 24, 192, 2040000, 6251000},
-    {"RTX4090-24GB", "NVIDIA GeForce RTX 4090", 24563, 8, 9, 128, 72 * kMiB, 99 * kKiB, 100 * kKiB, 1536, 24, 384,
+    {"L4-24GB", "NVIDIA L4", mib(22563), 8, 9, 58, 48 * kMiB, 99 * kKiB, 100 * kKiB, 1536, 24, 192, 2040000, 6251000},
+    {"RTX4090-24GB", "NVIDIA GeForce RTX 4090", mib(24563), 8, 9, 128, 72 * kMiB, 99 * kKiB, 100 * kKiB, 1536, 24, 384,
      2520000, 10501000},
-    {"T4-16GB", "Tesla T4", 15095, 7, 5, 40, 4 * kMiB, 64 * kKiB, 64 * kKiB, 1024, 16, 256, 1590000, 5001000},
-    {"V100-16GB", "Tesla V100-SXM2-16GB", 16160, 7, 0, 80, 6 * kMiB, 96 * kKiB, 96 * kKiB, 2048, 32, 4096, 1530000,
+    {"T4-16GB", "Tesla T4", mib(15095), 7, 5, 40, 4 * kMiB, 64 * kKiB, 64 * kKiB, 1024, 16, 256, 1590000, 5001000},
+    {"V100-16GB", "Tesla V100-SXM2-16GB", mib(16160), 7, 0, 80, 6 * kMiB, 96 * kKiB, 96 * kKiB, 2048, 32, 4096, 1530000,
      877000},
     // H100 80GB: lgip 9.75, 19.62, 19.62, 39.50, 39.50, 79.25 GiB
     mig(kH100_80GB, "H100-80GB-MIG-1g.10gb", "NVIDIA H100 80GB HBM3 MIG 1g.10gb", 9984, 16, 1),
