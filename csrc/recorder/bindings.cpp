@@ -7,6 +7,7 @@
 #include "cpu_allocator.h"
 #include "format/format.h"
 #include "gradients.h"
+#include "backward_scopes.h"
 #include "ops.h"
 #include "saved.h"
 #include "recorder.h"
@@ -52,6 +53,10 @@ PYBIND11_MODULE(_C, m) {
       py::arg("reason"));
   m.def("is_active", [] { return Recorder::get().active(); });
   m.def("ops_active", &ops::active);
+  m.def("enable_backward_scopes", &backward_scopes::enable);
+  m.def("disable_backward_scopes", &backward_scopes::disable);
+  m.def("backward_nested_begin", &backward_scopes::nested_begin);
+  m.def("backward_nested_end", &backward_scopes::nested_end);
   m.def("start_ops", [] { return Recorder::get().start_ops(); });
   m.def("walker", [] { return Recorder::get().walker(); });
   m.def("next_seq", [] { return Recorder::get().next_seq(); });

@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "adopt.h"
+#include "backward_scopes.h"
 #include "ops.h"
 
 namespace allocscope::cpu {
@@ -30,6 +31,7 @@ class RecordingCPUAllocator final : public c10::Allocator {
   c10::DataPtr allocate(size_t n) override {
     EmitScope scope;
     if (!scope) return inner_->allocate(n);
+    backward_scopes::sync(scope);
     ops::Current op = ops::current();
     uint32_t stack = op.forward_stack != 0 ? op.forward_stack : Recorder::get().capture_stack();
     int64_t t0 = now_ns();

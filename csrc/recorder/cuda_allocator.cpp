@@ -15,6 +15,7 @@
 
 #include "adopt.h"
 #include "clock.h"
+#include "backward_scopes.h"
 #include "ops.h"
 #include "torch_version.h"
 
@@ -498,6 +499,7 @@ class RecordingCUDAAllocator final : public cca::CUDAAllocator {
     // The stack and op are taken before the wrapped allocator runs: no
     // allocator lock is held here. In an autograd node, the stack is that of
     // the forward op that made the node (ops.h).
+    backward_scopes::sync(scope);
     ops::Current op = ops::current();
     uint32_t stack = op.forward_stack != 0 ? op.forward_stack : Recorder::get().capture_stack();
     CudaThreadState& tl = t_state;

@@ -217,6 +217,11 @@ uint32_t innermost_module(uint32_t none) {
   return t.modules.empty() ? none : t.modules.back().label;
 }
 
+uint32_t innermost_packed() {
+  ThreadOps& t = ops_of_this_thread();
+  return t.modules.empty() ? 0 : (t.modules.back().label + 1) | (t.modules.back().leaf ? kLeafBit : 0);
+}
+
 void module_exited(uint32_t label) {
   ThreadOps& t = ops_of_this_thread();
   for (size_t i = t.modules.size(); i-- > 0;) {

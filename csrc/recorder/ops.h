@@ -57,6 +57,8 @@ void module_entered(uint32_t label, bool leaf);
 void module_exited(uint32_t label);
 // The innermost of them (its label), or `none` when none is open.
 uint32_t innermost_module(uint32_t none);
+// The same as label + 1 with bit 31 set for a leaf module; 0 when none is open.
+uint32_t innermost_packed();
 
 }  // namespace ops
 }  // namespace allocscope

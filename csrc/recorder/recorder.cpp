@@ -11,6 +11,7 @@
 
 #include "checkpoint.h"
 #include "clock.h"
+#include "backward_scopes.h"
 #include "ops.h"
 #include "pystack.h"
 #include "writer.h"
@@ -319,6 +320,7 @@ uint32_t Recorder::intern(const std::string& s) {
 bool Recorder::annotate_interned(uint8_t kind, uint32_t label, uint64_t addr, uint64_t size) {
   EmitScope scope;
   if (!scope) return false;
+  backward_scopes::sync(scope);
   RawEvent ev;
   ev.kind = kind;
   ev.addr = addr;
@@ -340,14 +342,17 @@ bool Recorder::annotate(uint8_t kind, const std::string& label, uint64_t addr, u
     std::lock_guard<std::mutex> lock(tables_.mu);
     id = tables_.intern_string(label);
   }
+  backward_scopes::sync(scope);
   if ((kind == format::kModuleEnter || kind == format::kModuleExit) && !(addr & format::kModuleBackward) &&
       id != InternTables::kFull) {
-    // Forward module scopes: the module behind each autograd node (ops.h)
+    // Forward module scopes: the module behind each autograd node (ops.h,
+    // backward_scopes.h)
     if (kind == format::kModuleEnter) {
       ops::module_entered(id, (addr & format::kModuleLeaf) != 0);
     } else {
       ops::module_exited(id);
     }
+    backward_scopes::forward_changed(ops::innermost_packed());
   }
   RawEvent ev;
   ev.kind = kind;
@@ -356,6 +361,7 @@ bool Recorder::annotate(uint8_t kind, const std::string& label, uint64_t addr, u
   ev.arg = id == InternTables::kFull ? UINT32_MAX : id;
   ev.stack = with_stack ? capture_stack() : 0;
   scope.push(ev);
+  if (kind == format::kPhase) backward_scopes::phase_changed();  // (after it: a scope opened before is closed)
   return true;
 }
 

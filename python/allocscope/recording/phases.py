@@ -86,11 +86,16 @@ class Phases:
 
     @staticmethod
     def _in_backward_phase(original: Any, args: Any, kwargs: Any) -> Any:
-        nested = Phases.in_backward  # (a backward inside a backward hook)
+        nested = Phases.in_backward  # (a backward inside a backward hook, or a reentrant checkpoint's)
         if not nested:
             Phases.enter_backward()
+        # Inside a node, the node's backward scope stays open under the
+        # nested backward's (csrc/recorder/backward_scopes.h)
+        inside_node = nested and native().backward_nested_begin()
         try:
             return original(*args, **kwargs)
         finally:
+            if inside_node:
+                native().backward_nested_end()
             if not nested:
                 Phases.leave_backward()

@@ -22,11 +22,11 @@ Gradients: where the recording records ops, the recorder labels them itself
 as each parameter's AccumulateGrad node ends (csrc/recorder/gradients.h);
 otherwise a post-accumulate-grad hook on each parameter does.
 
-Backward module scopes: where the recording records ops (by default from its
-first watch() on), the
-recorder writes them itself as autograd nodes run (csrc/recorder/ops.h: each node
-knows the module whose forward made it). Otherwise each module's forward
-hooks register pre-hooks on the autograd nodes of its inputs and outputs.
+Backward module scopes: the recorder writes them itself, no Python runs per
+node: where the recording records ops (by default from its first watch()
+on), as autograd nodes run (csrc/recorder/ops.h: each node knows the module
+whose forward made it); otherwise from the node each allocation is made in
+(csrc/recorder/backward_scopes.h), the same scopes for every allocation.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import threading
 import weakref
 from typing import Any, Callable, Iterator
 
-from ..capture.format import MODULE_BACKWARD, MODULE_LEAF, EventKind
+from ..capture.format import MODULE_LEAF, EventKind
 from ..common.native import native
 from .phases import Phases
 
@@ -101,16 +101,6 @@ def _storage(t: Any) -> tuple[int, int] | None:
         return s.data_ptr(), s.nbytes()
     except (RuntimeError, NotImplementedError, TypeError):
         return None
-
-
-def _grad_nodes(value: Any) -> set[Any]:
-    """The autograd nodes that made the tensors in value."""
-    import torch
-
-    if isinstance(value, torch.Tensor):  # the common case, without the generator
-        node = value.grad_fn
-        return {node} if node is not None else set()
-    return {t.grad_fn for _, t in _tensors(value) if t.grad_fn is not None}
 
 
 def _new_output_bytes(args: Any, output: Any) -> int:
@@ -187,8 +177,11 @@ class Watch:
             _check_optimizer(optimizer)  # before any hook is registered
         self.name = name or type(model).__name__
         self._annotate = native().annotate  # (kind, label, addr, size, with_stack); False when not recording
-        # The recorder writes backward scopes itself when it records ops.
-        self._node_hooks = not native().ops_active()
+        # The recorder writes backward scopes itself: from the op callback
+        # when it records ops, else from each allocation's autograd node.
+        self._native_scopes = not native().ops_active()
+        if self._native_scopes:
+            native().enable_backward_scopes()
         self._handles: list[Any] = []
         self._local = threading.local()  # per thread: the forward module stack, the saved-tensor hooks
         self._param_fingerprint: tuple[int, ...] = ()
@@ -267,6 +260,8 @@ class Watch:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        if self._native_scopes:
+            native().disable_backward_scopes()
         Phases.discard(self)
 
     @property
@@ -366,16 +361,8 @@ class Watch:
         import torch
 
         flags = MODULE_LEAF if leaf else 0
-        grad_enabled = torch.is_grad_enabled
         is_compiling = torch.compiler.is_compiling
         annotate = self._annotate
-        node_hooks = self._node_hooks
-
-        def backward_begins(grad_outputs: Any) -> None:
-            self._backward_hook_enter(name, flags)
-
-        def backward_done(grad_outputs: Any) -> None:
-            annotate(_EXIT, name, flags | MODULE_BACKWARD, 0, False)
 
         def pre(module: Any, args: Any) -> None:
             if is_compiling():
@@ -396,11 +383,6 @@ class Watch:
                 self._begin_forward(module, args)
             stack.append(name)
             annotate(_ENTER, name, flags, 0, False)
-            if node_hooks and grad_enabled() and not Phases.in_backward:
-                # The module's backward is done when the node that made its
-                # input is about to run: every gradient for the input is in.
-                for node in _grad_nodes(args):
-                    node.register_prehook(backward_done)
 
         def post(module: Any, args: Any, output: Any) -> None:
             if is_compiling():
@@ -414,10 +396,6 @@ class Watch:
             annotate(_EXIT, name, flags, produced, False)
             if root and not stack and getattr(self._local, "saved_hooks", None) is not None:
                 self._end_forward()
-            if node_hooks and grad_enabled() and not Phases.in_backward:
-                # Its backward begins when the node that made an output runs.
-                for node in _grad_nodes(output):
-                    node.register_prehook(backward_begins)
 
         if root:  # (only the root's run outside a graph: one wrapper, not one per module)
             pre_outside_graph, post_outside_graph = torch.compiler.disable(pre), torch.compiler.disable(post)
@@ -449,18 +427,7 @@ class Watch:
         if hooks is not None:
             hooks.__exit__(None, None, None)
 
-    # ---- backward and optimizer phases
-
-    def _backward_hook_enter(self, name: str, flags: int) -> None:
-        if not Phases.in_backward:
-            # A backward that did not go through torch.autograd.backward
-            # (torch.autograd.grad): it began no later than now; the engine
-            # tells us when it ends.
-            import torch
-
-            Phases.enter_backward()
-            torch.autograd.Variable._execution_engine.queue_callback(Phases.leave_backward)
-        self._emit(EventKind.MODULE_ENTER, name, flags | MODULE_BACKWARD)
+    # ---- the optimizer phase
 
     def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         Phases.set_phase("optimizer")
