@@ -98,6 +98,7 @@ PYBIND11_MODULE(_C, m) {
            }),
            py::arg("params"), py::arg("cuda"), py::arg("cpu"))
       .def("remove", &gradients::Watch::remove);
+  m.def("label_gradient", [](py::handle param) { gradients::hooked(param.ptr()); }, py::arg("param"));
   m.def(
       "add_baseline",
       [](std::string json) { Recorder::get().add_json_chunk(format::kChunkBaseline, std::move(json)); },

@@ -67,11 +67,9 @@ bool any() {
   return g_count.load(std::memory_order_relaxed) != 0;
 }
 
-void accumulated() {
-  auto node = torch::autograd::get_current_node();  // (a shared_ptr before torch 2.14, an intrusive_ptr since)
-  auto* acc = dynamic_cast<torch::autograd::AccumulateGrad*>(node.get());
-  if (acc == nullptr || !acc->variable.defined()) return;
-  const at::Tensor& param = acc->variable;
+namespace {
+
+void label(const at::Tensor& param) {
   Label watched;
   {
     std::lock_guard<std::mutex> lock(g_mu);
@@ -93,6 +91,18 @@ void accumulated() {
     return;
   }
   if (ptr != 0 && bytes > 0) Recorder::get().annotate_interned(format::kGradient, watched.label, ptr, bytes);
+}
+
+}  // namespace
+
+void accumulated() {
+  auto node = torch::autograd::get_current_node();  // (a shared_ptr before torch 2.14, an intrusive_ptr since)
+  auto* acc = dynamic_cast<torch::autograd::AccumulateGrad*>(node.get());
+  if (acc != nullptr && acc->variable.defined()) label(acc->variable);
+}
+
+void hooked(PyObject* param) {
+  if (THPVariable_Check(param)) label(THPVariable_Unpack(param));
 }
 
 }  // namespace allocscope::gradients

@@ -9,7 +9,8 @@
 // gradient is labelled there, at the moment a post-accumulate-grad hook
 // would have run (after any the program registered: a hook that takes the
 // gradient away, as an optimizer run in backward does, leaves none to label).
-// Where ops are not recorded the watcher keeps its Python hooks.
+// Where ops are not recorded, the watcher registers `hooked` as each
+// parameter's post-accumulate-grad hook: a call into C++, no Python frame.
 //
 // Parameters are held weakly: a model deleted while watched frees its
 // memory as it would unwatched, and the address of its parameters is not
@@ -50,6 +51,10 @@ class Watch {
 // -1 ends on this thread: labels the gradient of the parameter the current
 // AccumulateGrad node accumulated into, if it is watched.
 void accumulated();
+
+// From a post-accumulate-grad hook on a watched parameter (where ops are
+// not recorded): labels its gradient. The caller holds the GIL.
+void hooked(PyObject* param);
 
 // Whether any parameter is watched (a relaxed read for the hot path).
 bool any();

@@ -37,8 +37,10 @@ struct Arena {
 
   bool ensure() {
     if (base != 0) return true;
-    for (size_t tib : {16, 4, 1}) {
-      size_t want = tib << 40;
+    // (smaller ranges for what limits address space: valgrind gives a
+    // program tens of GiB; then only a card whose memory fits can be made)
+    for (size_t gib : {16384, 4096, 1024, 256, 64, 16}) {
+      size_t want = gib << 30;
       void* p = mmap(nullptr, want + kGranularity, PROT_NONE, kMapFlags, -1, 0);
       if (p == MAP_FAILED) continue;
       base = round_up(reinterpret_cast<uintptr_t>(p), kGranularity);

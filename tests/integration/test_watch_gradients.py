@@ -23,7 +23,7 @@ from .test_attribution_cpu import MODELS
 from .test_watch_saved import labels_and_meaning
 
 
-def recorded(path, make_model, make_input, native, device="cpu", set_to_none=True):
+def recorded(path, make_model, make_input, native, device="cpu", set_to_none=True, ops=None):
     # One intra-op thread: see test_watch_saved.recorded.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -33,7 +33,7 @@ def recorded(path, make_model, make_input, native, device="cpu", set_to_none=Tru
         torch.manual_seed(0)
         model = make_model().to(device)
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-        with allocscope.record(path, device=device) as rec:
+        with allocscope.record(path, device=device, ops=ops) as rec:
             w = rec.watch(model, opt)
             assert any(type(h).__name__ == "GradientWatch" for h in w._handles) == native
             for step in range(3):
@@ -69,6 +69,17 @@ def test_gradients_are_labelled_as_the_hooks_labelled_them(tmp_path, name):
     assert any(m[0] == "gradient" for m in meaning)
     assert meaning == hooks[1]
     assert report == hooks[2]
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_without_ops_the_native_hook_labels_as_the_python_hooks(tmp_path, name):
+    # record(ops=False): no op callback sees AccumulateGrad end; each
+    # parameter's post-accumulate-grad hook is allocscope._C.label_gradient.
+    make_model, make_input = MODELS[name]
+    native = recorded(tmp_path / "native.alsc", make_model, make_input, native=True, ops=False)
+    hooks = recorded(tmp_path / "hooks.alsc", make_model, make_input, native=False, ops=False)
+    assert native[0] and native[0] == hooks[0]
+    assert native[1] == hooks[1] and native[2] == hooks[2]
 
 
 def test_gradients_kept_between_steps_are_labelled_each_step(tmp_path):

@@ -208,12 +208,17 @@ class Watch:
             self._handles.append(m.register_forward_pre_hook(pre))
             self._handles.append(m.register_forward_hook(post, always_call=True))
         trainable = [p for p in model.parameters() if p.requires_grad]
-        if native().ops_active() and self.native_gradients:
-            # The op callback labels gradients as AccumulateGrad nodes end
-            # (csrc/recorder/gradients.h): no Python hook per parameter.
+        if self.native_gradients:
+            # The recorder labels gradients (csrc/recorder/gradients.h): as
+            # AccumulateGrad nodes end, where the op callback runs; else from
+            # a post-accumulate-grad hook that is a call into C++. No Python
+            # function per parameter either way.
             grads = native().GradientWatch([(p, self._param_names[id(p)]) for p in trainable],
                                            "cuda" in self._device_types, "cpu" in self._device_types)
             self._handles.append(grads)
+            if not native().ops_active():
+                self._handles.extend(p.register_post_accumulate_grad_hook(native().label_gradient)
+                                     for p in trainable)
         else:
             for p in trainable:
                 self._handles.append(p.register_post_accumulate_grad_hook(self._grad_hook(self._param_names[id(p)])))
