@@ -7,7 +7,10 @@ bench_step.py's GPT and ResNet steps on the virtual GPU, where kernels cost
 nothing, so what a step costs is the CPU's work: each mode's steps run
 under callgrind in a process of their own, counted from the first measured
 step to the last (every thread: the program's, the autograd engine's, the
-recorder's writer), after two unmeasured ones. Instructions are not
+recorder's writer), after two unmeasured ones. Modes: bench_step.py's, and
+parts of watching without ops (PARTS: watching with no saved-tensor hooks,
+with the root module's hooks alone), whose difference to
+allocscope-watch-noops is what that part costs. Instructions are not
 seconds (a cache miss costs more than an add), but they are the same on
 every run of the same build: on a shared machine whose wall and CPU times
 move by tens of percent from run to run (bench_step.py), a 1% change shows.
@@ -42,6 +45,31 @@ def _toggle_library(folder: str) -> str:
     return lib
 
 
+def _watch_without_saved_hooks(rec, model, opt):
+    import torch.autograd.graph
+
+    def refused(*args, **kwargs):
+        raise RuntimeError("(as where saved-tensor hooks are disabled)")
+
+    torch.autograd.graph.saved_tensors_hooks = refused  # the watcher then goes without (watcher.py)
+    rec.watch(model, opt)
+
+
+def _watch_root_hooks_only(rec, model, opt):
+    w = rec.watch(model, opt)
+    # (Watch registers a pre-hook and a hook per module, in model.modules() order, the root's first)
+    for h in w._handles[2:2 * len(list(model.modules()))]:
+        h.remove()
+
+
+# Parts of watching without ops (record(ops=False)), each in its own run:
+# watch-noops over these is what the part costs.
+PARTS = {
+    "watch-noops-without-saved-hooks": _watch_without_saved_hooks,
+    "watch-noops-root-hooks-only": _watch_root_hooks_only,
+}
+
+
 def child(mode: str, workload: str, steps: int, lib: str) -> None:
     """Runs in callgrind: two unmeasured steps, then `steps` measured ones."""
     import ctypes
@@ -66,9 +94,17 @@ def child(mode: str, workload: str, steps: int, lib: str) -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     with tempfile.TemporaryDirectory() as tmp:
         bench_step.timed("off", model, opt, make_input, loss_fn, 2, "cuda", os.path.join(tmp, "w.alsc"))
-        # (the mode's own first steps, unmeasured: the writer thread and the tables start)
-        armed["on"] = True
-        bench_step.timed(mode, model, opt, make_input, loss_fn, steps, "cuda", os.path.join(tmp, "m.alsc"))
+        if mode in PARTS:
+            import allocscope
+
+            with allocscope.record(os.path.join(tmp, "m.alsc"), device="cuda", ops=False) as rec:
+                PARTS[mode](rec, model, opt)
+                bench_step.run_steps(model, opt, make_input, loss_fn, 2, "cuda")
+                armed["on"] = True
+                bench_step.run_steps(model, opt, make_input, loss_fn, steps, "cuda")
+        else:
+            armed["on"] = True
+            bench_step.timed(mode, model, opt, make_input, loss_fn, steps, "cuda", os.path.join(tmp, "m.alsc"))
     assert armed["calls"] == 2, armed
 
 
@@ -146,6 +182,12 @@ def main() -> None:
             "watch_noops_over_torch": ratio("allocscope-watch-noops", "torch-history"),
             "watch_over_torch": ratio("allocscope-watch", "torch-history"),
             "recording_noops_over_torch": ratio("allocscope-noops", "torch-history"),
+            "saved_hooks": (round(over["allocscope-watch-noops"] - over["watch-noops-without-saved-hooks"])
+                            if "watch-noops-without-saved-hooks" in over and "allocscope-watch-noops" in over
+                            else None),
+            "module_hooks": (round(over["allocscope-watch-noops"] - over["watch-noops-root-hooks-only"])
+                             if "watch-noops-root-hooks-only" in over and "allocscope-watch-noops" in over
+                             else None),
         }
     emit({"benchmark": "step_instructions", **environment(), "virtual_gpu": args.gpu, "steps": args.steps,
           "command": "python benchmarks/bench_step_instructions.py " + " ".join(sys.argv[1:]),
