@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -48,10 +49,14 @@ def _toggle_library(folder: str) -> str:
 def _watch_without_saved_hooks(rec, model, opt):
     import torch.autograd.graph
 
-    def refused(*args, **kwargs):
-        raise RuntimeError("(as where saved-tensor hooks are disabled)")
+    class Refused:
+        def __init__(self, *args, **kwargs):
+            pass
 
-    torch.autograd.graph.saved_tensors_hooks = refused  # the watcher then goes without (watcher.py)
+        def __enter__(self):
+            raise RuntimeError("(as where saved-tensor hooks are disabled)")
+
+    torch.autograd.graph.saved_tensors_hooks = Refused  # the watcher then goes without (watcher.py)
     rec.watch(model, opt)
 
 
@@ -127,6 +132,7 @@ def main() -> None:
     parser.add_argument("--workloads", default="gpt,resnet")
     parser.add_argument("--jobs", type=int, default=2, help="processes at a time")
     parser.add_argument("--out")
+    parser.add_argument("--keep", help="a folder to keep callgrind's output files in (callgrind_annotate reads them)")
     parser.add_argument("--child", nargs=3, metavar=("MODE", "WORKLOAD", "LIB"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -151,6 +157,9 @@ def main() -> None:
             if proc.returncode != 0:
                 raise SystemExit(f"{key}: callgrind run failed:\n{err[-3000:]}")
             counts[key] = instructions(out)
+            if args.keep:
+                os.makedirs(args.keep, exist_ok=True)
+                shutil.copy(out, args.keep)
 
         for w, m in jobs:
             if len(running) >= args.jobs:

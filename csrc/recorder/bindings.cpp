@@ -86,7 +86,18 @@ PYBIND11_MODULE(_C, m) {
             return py::reinterpret_steal<py::object>(out);
           },
           py::arg("tensor"))
-      .def_static("unpack", [](py::object tensor) { return tensor; }, py::arg("tensor"));
+      .def_static("unpack", [](py::object tensor) { return tensor; }, py::arg("tensor"))
+      .def_property_readonly("pack_hook",
+                             [](py::object self) {
+                               PyObject* fn = saved::Labeler::pack_hook(self.ptr(), &self.cast<saved::Labeler&>());
+                               if (fn == nullptr) throw py::error_already_set();
+                               return py::reinterpret_steal<py::object>(fn);
+                             })
+      .def_property_readonly_static("unpack_hook", [](py::object) {
+        PyObject* fn = saved::Labeler::unpack_hook();
+        if (fn == nullptr) throw py::error_already_set();
+        return py::reinterpret_steal<py::object>(fn);
+      });
   py::class_<gradients::Watch>(m, "GradientWatch")
       .def(py::init([](const py::list& params, bool cuda, bool cpu) {
              std::vector<std::pair<PyObject*, std::string>> pairs;

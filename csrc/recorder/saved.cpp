@@ -59,4 +59,45 @@ PyObject* Labeler::pack(PyObject* obj) {
   }
 }
 
+namespace {
+
+constexpr char kCapsule[] = "allocscope.saved.Labeler";
+
+PyObject* call_pack(PyObject* capsule, PyObject* tensor) {
+  auto* labeler = static_cast<Labeler*>(PyCapsule_GetPointer(capsule, kCapsule));
+  return labeler == nullptr ? nullptr : labeler->pack(tensor);
+}
+
+PyObject* call_unpack(PyObject*, PyObject* tensor) {
+  Py_INCREF(tensor);
+  return tensor;
+}
+
+PyMethodDef g_pack_def = {"pack", &call_pack, METH_O, "allocscope's saved-tensor pack hook"};
+PyMethodDef g_unpack_def = {"unpack", &call_unpack, METH_O, "allocscope's saved-tensor unpack hook"};
+
+void release_owner(PyObject* capsule) {
+  Py_XDECREF(static_cast<PyObject*>(PyCapsule_GetContext(capsule)));
+}
+
+}  // namespace
+
+PyObject* Labeler::pack_hook(PyObject* owner, Labeler* labeler) {
+  PyObject* capsule = PyCapsule_New(labeler, kCapsule, &release_owner);
+  if (capsule == nullptr) return nullptr;
+  Py_INCREF(owner);
+  if (PyCapsule_SetContext(capsule, owner) != 0) {
+    Py_DECREF(owner);
+    Py_DECREF(capsule);
+    return nullptr;
+  }
+  PyObject* fn = PyCFunction_New(&g_pack_def, capsule);
+  Py_DECREF(capsule);
+  return fn;
+}
+
+PyObject* Labeler::unpack_hook() {
+  return PyCFunction_New(&g_unpack_def, nullptr);
+}
+
 }  // namespace allocscope::saved

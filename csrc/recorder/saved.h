@@ -40,6 +40,14 @@ class Labeler {
   // error set. The caller holds the GIL.
   PyObject* pack(PyObject* tensor);
 
+  // The hooks as Python callables that are plain C functions (METH_O): torch
+  // calls them for every saved tensor, and a pybind11 method's argument
+  // dispatch cost about as much as the labelling. `owner` is the Python
+  // object that holds this Labeler: the pack hook keeps it alive.
+  static PyObject* pack_hook(PyObject* owner, Labeler* labeler);
+  // Returns its argument: what is saved is the tensor pack returned.
+  static PyObject* unpack_hook();
+
  private:
   bool cuda_, cpu_;
   uint32_t fallback_;

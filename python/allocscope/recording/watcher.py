@@ -419,7 +419,11 @@ class Watch:
                 self._emit(EventKind.INPUT, f"{self.name}.input{path}", *s)
         import torch.autograd.graph
 
-        hooks = torch.autograd.graph.saved_tensors_hooks(self._saved.pack, self._saved.unpack)
+        saved = self._saved
+        # (the native labeler's hooks are C functions: no pybind11 dispatch per saved tensor)
+        pack, unpack = ((saved.pack_hook, saved.unpack_hook) if hasattr(saved, "pack_hook")
+                        else (saved.pack, saved.unpack))
+        hooks = torch.autograd.graph.saved_tensors_hooks(pack, unpack)
         try:
             hooks.__enter__()
         except RuntimeError:  # saved-tensor hooks are disabled here (e.g. under some wrappers)
