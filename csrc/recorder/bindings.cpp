@@ -7,6 +7,7 @@
 #include "cpu_allocator.h"
 #include "format/format.h"
 #include "gradients.h"
+#include "module_hooks.h"
 #include "backward_scopes.h"
 #include "ops.h"
 #include "saved.h"
@@ -53,6 +54,23 @@ PYBIND11_MODULE(_C, m) {
       py::arg("reason"));
   m.def("is_active", [] { return Recorder::get().active(); });
   m.def("ops_active", &ops::active);
+  m.def(
+      "module_hooks",
+      [](const std::string& name, bool leaf) {
+        PyObject* pair = module_hooks::make(Recorder::get().intern(name), leaf);
+        if (pair == nullptr) throw py::error_already_set();
+        return py::reinterpret_steal<py::object>(pair);
+      },
+      py::arg("name"), py::arg("leaf"));
+  m.def(
+      "innermost_module",
+      [](const std::string& none) {
+        uint32_t id = ops::innermost_module(InternTables::kFull);
+        InternTables& tables = Recorder::get().tables();
+        std::lock_guard<std::mutex> lock(tables.mu);
+        return id < tables.strings.size() ? std::string(tables.strings[id]) : none;
+      },
+      py::arg("none"));
   m.def("enable_backward_scopes", &backward_scopes::enable);
   m.def("disable_backward_scopes", &backward_scopes::disable);
   m.def("backward_nested_begin", &backward_scopes::nested_begin);

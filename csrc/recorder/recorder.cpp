@@ -342,6 +342,17 @@ bool Recorder::annotate(uint8_t kind, const std::string& label, uint64_t addr, u
     std::lock_guard<std::mutex> lock(tables_.mu);
     id = tables_.intern_string(label);
   }
+  return annotate_id(scope, kind, id, addr, size, with_stack);
+}
+
+bool Recorder::module_scope(bool enter, uint32_t label, uint64_t flags, uint64_t size) {
+  EmitScope scope;
+  if (!scope) return false;
+  return annotate_id(scope, enter ? format::kModuleEnter : format::kModuleExit, label, flags, size, false);
+}
+
+bool Recorder::annotate_id(EmitScope& scope, uint8_t kind, uint32_t id, uint64_t addr, uint64_t size,
+                           bool with_stack) {
   backward_scopes::sync(scope);
   if ((kind == format::kModuleEnter || kind == format::kModuleExit) && !(addr & format::kModuleBackward) &&
       id != InternTables::kFull) {

@@ -87,6 +87,7 @@ struct StopSummary {
 
 class Writer;
 class Checkpointer;
+class EmitScope;
 
 class Recorder {
  public:
@@ -112,6 +113,9 @@ class Recorder {
   // The same for a label interned already (intern()), without a stack: the
   // saved-tensor hook's ACTIVATION labels (saved.h). Not for module scopes.
   bool annotate_interned(uint8_t kind, uint32_t label, uint64_t addr, uint64_t size);
+  // A watched module's forward scope begins or ends (kModuleEnter/Exit with
+  // `flags`), its name interned already: module_hooks.h.
+  bool module_scope(bool enter, uint32_t label, uint64_t flags, uint64_t size);
   // A string's id in this recording's tables (InternTables::kFull when full).
   uint32_t intern(const std::string& s);
   // Checkpoints (checkpoint.h): arm one, then take the baseline (which on
@@ -140,6 +144,8 @@ class Recorder {
 
  private:
   Recorder();
+  // annotate() once the label is interned.
+  bool annotate_id(EmitScope& scope, uint8_t kind, uint32_t id, uint64_t addr, uint64_t size, bool with_stack);
   void writer_main();
   void write_batch(const std::vector<RawEvent>& batch, uint64_t first_seq);
   void maybe_wake();

@@ -13,6 +13,11 @@ def stop(reason: str) -> dict[str, Any]:
 def is_active() -> bool: ...
 def ops_active() -> bool:
     """Whether ops are recorded (then autograd nodes write their modules' backward scopes)."""
+def module_hooks(name: str, leaf: bool) -> tuple[Any, Any]:
+    """(enter, exit) C functions for a watched module's forward hooks (csrc/recorder/module_hooks.h):
+    enter(module, args); exit(module, args, output) -> False when a leaf's output bytes are for the caller."""
+def innermost_module(none: str) -> str:
+    """The innermost watched module whose forward runs on this thread (`none` when none does)."""
 def enable_backward_scopes() -> None:
     """A watch without ops: backward scopes from each event's autograd node (csrc/recorder/backward_scopes.h). Counted."""
 def disable_backward_scopes() -> None: ...

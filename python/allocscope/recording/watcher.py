@@ -147,8 +147,7 @@ class PythonSavedTensorLabeler:
         if ptr and ptr not in self._labelled:
             self._labelled.add(ptr)
             s = _storage(t)
-            stack = getattr(w._local, "modules", None)
-            w._annotate(int(EventKind.ACTIVATION), stack[-1] if stack else w.name, ptr, s[1] if s else 0, False)
+            w._annotate(int(EventKind.ACTIVATION), native().innermost_module(w.name), ptr, s[1] if s else 0, False)
         return t.detach()
 
     @staticmethod
@@ -164,6 +163,9 @@ class Watch:
     # False: gradients are labelled by Python hooks even where ops are
     # recorded (the reference the native labels are tested and timed against).
     native_gradients = True
+    # False: the modules' hooks (the root's aside) write their scopes from
+    # Python (the reference the C functions are tested against).
+    native_module_hooks = True
 
     def __init__(self, model: Any, optimizer: Any = None, *, name: str | None = None,
                  device_types: tuple[str, ...] = ("cpu", "cuda")):
@@ -362,12 +364,37 @@ class Watch:
     # ---- module hooks
 
     def _module_hooks(self, name: str, leaf: bool, root: bool) -> tuple[Callable[..., None], Callable[..., None]]:
-        """The forward pre-hook and forward hook of one module."""
+        """The forward pre-hook and forward hook of one module (the root's
+        also begin and end the forward)."""
         import torch
 
         flags = MODULE_LEAF if leaf else 0
         is_compiling = torch.compiler.is_compiling
         annotate = self._annotate
+        if not root:
+            # Every other module's hooks are two lines around a C function
+            # (csrc/recorder/module_hooks.h): they run at every module call.
+            if self.native_module_hooks:
+                enter, leave = native().module_hooks(name, leaf)
+            else:  # the Python the C functions replaced: their reference
+                def enter(module: Any, args: Any) -> None:
+                    annotate(_ENTER, name, flags, 0, False)
+
+                def leave(module: Any, args: Any, output: Any) -> bool:
+                    return False
+
+            def pre_module(module: Any, args: Any) -> None:
+                if is_compiling():
+                    return  # (see the root's pre-hook below)
+                enter(module, args)
+
+            def post_module(module: Any, args: Any, output: Any) -> None:
+                if is_compiling():
+                    return
+                if not leave(module, args, output):  # a leaf whose output is not one plain tensor
+                    annotate(_EXIT, name, flags, _new_output_bytes(args, output) if leaf else 0, False)
+
+            return pre_module, post_module
 
         def pre(module: Any, args: Any) -> None:
             if is_compiling():
@@ -377,33 +404,31 @@ class Watch:
                 # a compiled region the hooks do nothing, except the root's,
                 # which runs outside the graph (one break, before its first
                 # op): the forward still begins and ends.
-                if root:
-                    pre_outside_graph(module, args)
+                pre_outside_graph(module, args)
                 return
             local = self._local
-            stack = getattr(local, "modules", None)
+            stack = getattr(local, "modules", None)  # (the root's calls open on this thread)
             if stack is None:
                 stack = local.modules = []
-            if root and not stack and not Phases.in_backward:  # (not a checkpoint's recompute)
+            if not stack and not Phases.in_backward:  # (not a checkpoint's recompute)
                 self._begin_forward(module, args)
             stack.append(name)
             annotate(_ENTER, name, flags, 0, False)
 
         def post(module: Any, args: Any, output: Any) -> None:
             if is_compiling():
-                if root:
-                    post_outside_graph(module, args, output)
+                post_outside_graph(module, args, output)
                 return
             stack = getattr(self._local, "modules", None)
             if stack and stack[-1] == name:
                 stack.pop()
             produced = _new_output_bytes(args, output) if leaf else 0
             annotate(_EXIT, name, flags, produced, False)
-            if root and not stack and getattr(self._local, "saved_hooks", None) is not None:
+            if not stack and getattr(self._local, "saved_hooks", None) is not None:
                 self._end_forward()
 
-        if root:  # (only the root's run outside a graph: one wrapper, not one per module)
-            pre_outside_graph, post_outside_graph = torch.compiler.disable(pre), torch.compiler.disable(post)
+        # (only the root's run outside a graph: one wrapper, not one per module)
+        pre_outside_graph, post_outside_graph = torch.compiler.disable(pre), torch.compiler.disable(post)
         return pre, post
 
     def _begin_forward(self, model: Any, args: Any) -> None:
