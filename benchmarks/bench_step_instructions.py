@@ -7,10 +7,11 @@ bench_step.py's GPT and ResNet steps on the virtual GPU, where kernels cost
 nothing, so what a step costs is the CPU's work: each mode's steps run
 under callgrind in a process of their own, counted from the first measured
 step to the last (every thread: the program's, the autograd engine's, the
-recorder's writer), after two unmeasured ones. Modes: bench_step.py's, and
-parts of watching without ops (PARTS: watching with no saved-tensor hooks,
-with the root module's hooks alone), whose difference to
-allocscope-watch-noops is what that part costs. Instructions are not
+recorder's writer), after two unmeasured ones in the same mode. Modes:
+bench_step.py's (off, allocscope-noops, allocscope-python, allocscope-watch,
+allocscope-watch-noops, torch-history), and parts of watching without ops
+(watching with no saved-tensor hooks, with the root module's hooks alone),
+whose difference to allocscope-watch-noops is what that part costs. Instructions are not
 seconds (a cache miss costs more than an add), but they are the same on
 every run of the same build: on a shared machine whose wall and CPU times
 move by tens of percent from run to run (bench_step.py), a 1% change shows.
@@ -67,50 +68,53 @@ def _watch_root_hooks_only(rec, model, opt):
         h.remove()
 
 
-# Parts of watching without ops (record(ops=False)), each in its own run:
-# watch-noops over these is what the part costs.
-PARTS = {
-    "watch-noops-without-saved-hooks": _watch_without_saved_hooks,
-    "watch-noops-root-hooks-only": _watch_root_hooks_only,
+# Each mode: (record()'s ops, or None for no allocscope recording; what it
+# does once recording). The last two are parts of watching without ops:
+# allocscope-watch-noops over them is what that part costs.
+MODES = {
+    "off": (None, None),
+    "torch-history": (None, None),
+    "allocscope-noops": (False, None),
+    "allocscope-python": (True, None),
+    "allocscope-watch": (None, lambda rec, model, opt: rec.watch(model, opt)),
+    "allocscope-watch-noops": (False, lambda rec, model, opt: rec.watch(model, opt)),
+    "watch-noops-without-saved-hooks": (False, _watch_without_saved_hooks),
+    "watch-noops-root-hooks-only": (False, _watch_root_hooks_only),
 }
 
 
 def child(mode: str, workload: str, steps: int, lib: str) -> None:
-    """Runs in callgrind: two unmeasured steps, then `steps` measured ones."""
+    """Runs in callgrind: the mode starts, two unmeasured steps (what starts
+    once: the writer thread, the tables, the watch's first forward), then
+    `steps` measured ones."""
+    import contextlib
     import ctypes
 
     import torch
 
+    import allocscope
     import bench_step
 
     toggle = ctypes.CDLL(lib)
-    armed = {"on": False, "calls": 0}
-
-    def clock() -> float:
-        # run_steps reads its clock before the first step and after the last
-        if armed["on"]:
-            (toggle.allocscope_bench_start if armed["calls"] % 2 == 0 else toggle.allocscope_bench_stop)()
-            armed["calls"] += 1
-        return 0.0
-
-    bench_step.run_steps.__defaults__ = (clock,)
     torch.manual_seed(0)
     model, make_input, loss_fn, _ = bench_step.workloads("cuda", False)[workload]
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    with tempfile.TemporaryDirectory() as tmp:
-        bench_step.timed("off", model, opt, make_input, loss_fn, 2, "cuda", os.path.join(tmp, "w.alsc"))
-        if mode in PARTS:
-            import allocscope
-
-            with allocscope.record(os.path.join(tmp, "m.alsc"), device="cuda", ops=False) as rec:
-                PARTS[mode](rec, model, opt)
-                bench_step.run_steps(model, opt, make_input, loss_fn, 2, "cuda")
-                armed["on"] = True
-                bench_step.run_steps(model, opt, make_input, loss_fn, steps, "cuda")
-        else:
-            armed["on"] = True
-            bench_step.timed(mode, model, opt, make_input, loss_fn, steps, "cuda", os.path.join(tmp, "m.alsc"))
-    assert armed["calls"] == 2, armed
+    bench_step.run_steps(model, opt, make_input, loss_fn, 2, "cuda")
+    ops, setup = MODES[mode]
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        if mode == "torch-history":
+            torch.cuda.memory._record_memory_history(stacks="python")
+            stack.callback(torch.cuda.memory._record_memory_history, enabled=None)
+        elif mode != "off":
+            rec = stack.enter_context(allocscope.record(os.path.join(tmp, "m.alsc"), device="cuda", ops=ops))
+            if setup is not None:
+                setup(rec, model, opt)
+        bench_step.run_steps(model, opt, make_input, loss_fn, 2, "cuda")
+        torch.cuda.synchronize()
+        toggle.allocscope_bench_start()
+        bench_step.run_steps(model, opt, make_input, loss_fn, steps, "cuda")
+        torch.cuda.synchronize()
+        toggle.allocscope_bench_stop()
 
 
 def instructions(out_file: str) -> int:
