@@ -179,11 +179,7 @@ class Watch:
             _check_optimizer(optimizer)  # before any hook is registered
         self.name = name or type(model).__name__
         self._annotate = native().annotate  # (kind, label, addr, size, with_stack); False when not recording
-        # The recorder writes backward scopes itself: from the op callback
-        # when it records ops, else from each allocation's autograd node.
-        self._native_scopes = not native().ops_active()
-        if self._native_scopes:
-            native().enable_backward_scopes()
+        self._native_scopes = False  # (set once every hook is in: remove() undoes it)
         self._handles: list[Any] = []
         self._local = threading.local()  # per thread: the forward module stack, the saved-tensor hooks
         self._param_fingerprint: tuple[int, ...] = ()
@@ -226,6 +222,11 @@ class Watch:
                 self._handles.append(p.register_post_accumulate_grad_hook(self._grad_hook(self._param_names[id(p)])))
         if optimizer is not None:
             self._attach(optimizer)
+        # The recorder writes backward scopes itself: from the op callback
+        # when it records ops, else from each event's autograd node.
+        if not native().ops_active():
+            native().enable_backward_scopes()
+            self._native_scopes = True
         Phases.add(self)
 
         self._emit(EventKind.WATCH, json.dumps(self._summary(model, optimizer), sort_keys=True))
