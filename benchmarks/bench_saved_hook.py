@@ -27,7 +27,7 @@ from torch import nn
 
 import allocscope
 from allocscope.common.native import native
-from allocscope.recording.watcher import PythonSavedTensorLabeler
+from allocscope.recording.saved_reference import PythonSavedTensorLabeler
 from _common import emit, environment, on_virtual_gpu
 
 

@@ -43,7 +43,8 @@ from torch import nn
 
 import allocscope
 from allocscope.recording.session import CHECKPOINT_EVERY
-from allocscope.recording.watcher import PythonSavedTensorLabeler, Watch
+from allocscope.recording.saved_reference import PythonSavedTensorLabeler
+from allocscope.recording.watcher import Watch
 from _common import emit, environment, on_virtual_gpu
 
 

@@ -11,7 +11,7 @@ import allocscope
 from allocscope import EventKind
 from allocscope.attribution import attribute
 from allocscope.attribution.categories import CATEGORIES
-from allocscope.recording.watcher import PythonSavedTensorLabeler
+from allocscope.recording.saved_reference import PythonSavedTensorLabeler
 
 from .test_attribution_cpu import MODELS
 
