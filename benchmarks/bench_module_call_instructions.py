@@ -7,7 +7,8 @@ without ops on the CPU: with no hooks, with a forward pre-hook and an
 (always-called) forward hook that do nothing (Module._call_impl's slow
 path), with hooks of two Python lines around a C call (what the watcher's
 module hooks are), and watched (rec.watch(), the module a child of the
-watched root). Needs valgrind's headers and gcc, as bench_step_instructions.py.
+watched root), and watched with the Python hook bodies the C functions
+replaced (Watch.native_module_hooks = False). Needs valgrind's headers and gcc, as bench_step_instructions.py.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-MODES = ("no_hooks", "empty_hooks", "two_line_hooks", "watched")
+MODES = ("no_hooks", "empty_hooks", "two_line_hooks", "watched", "watched_python_hooks")
 
 
 def child(mode: str, calls: int, lib: str) -> None:
@@ -62,6 +63,11 @@ def child(mode: str, calls: int, lib: str) -> None:
                 m.register_forward_pre_hook(pre)
                 m.register_forward_hook(post, always_call=True)
         elif mode == "watched":
+            rec.watch(root)
+        elif mode == "watched_python_hooks":
+            from allocscope.recording.watcher import Watch
+
+            Watch.native_module_hooks = False
             rec.watch(root)
         for _ in range(2):
             for m in root:

@@ -59,17 +59,19 @@ class AttentionNet(nn.Module):
 
 
 class CheckpointedNet(nn.Module):
-    """Blocks recomputed in backward (activation checkpointing)."""
+    """Blocks recomputed in backward (activation checkpointing); reentrant:
+    the old way, a second backward inside the checkpoint's node."""
 
-    def __init__(self):
+    def __init__(self, reentrant=False):
         super().__init__()
+        self.reentrant = reentrant
         self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(20, 48), nn.GELU(), nn.Linear(48, 20), nn.LayerNorm(20))
                                     for _ in range(3))
         self.head = nn.Linear(20, 5)
 
     def forward(self, x):
         for b in self.blocks:
-            x = checkpoint(b, x, use_reentrant=False)
+            x = checkpoint(b, x, use_reentrant=self.reentrant)
         return self.head(x)
 
 
