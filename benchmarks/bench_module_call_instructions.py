@@ -6,9 +6,9 @@
 without ops on the CPU: with no hooks, with a forward pre-hook and an
 (always-called) forward hook that do nothing (Module._call_impl's slow
 path), with hooks of two Python lines around a C call (what the watcher's
-module hooks are), and watched (rec.watch(), the module a child of the
-watched root), and watched with the Python hook bodies the C functions
-replaced (Watch.native_module_hooks = False). Needs valgrind's headers and gcc, as bench_step_instructions.py.
+module hooks were), watched (rec.watch(), the module a child of the watched
+root: its forward wrapped, recording/module_scopes.py), and watched with
+Python hooks (Watch.native_module_hooks = False, the wrapper's reference). Needs valgrind's headers and gcc, as bench_step_instructions.py.
 """
 
 from __future__ import annotations

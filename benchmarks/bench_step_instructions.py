@@ -63,8 +63,7 @@ def _watch_without_saved_hooks(rec, model, opt):
 
 def _watch_root_hooks_only(rec, model, opt):
     w = rec.watch(model, opt)
-    # (Watch registers a pre-hook and a hook per module, in model.modules() order, the root's first)
-    for h in w._handles[2:2 * len(list(model.modules()))]:
+    for h in w._module_handles:  # (every module's scopes but the root's)
         h.remove()
 
 

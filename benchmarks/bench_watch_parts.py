@@ -15,11 +15,9 @@ added alone:
                       (what any hook costs: Module._call_impl's slow path)
   empty_grad_hooks    a post-accumulate-grad hook that does nothing on every parameter
   watch               rec.watch(model, optimizer): all of it
-  watch_without_module_hooks  the same with the forward hooks of every module but the root removed
-                      (watch's module hooks cost the difference; the root's begin the forward)
-  watch_leaf_output_hooks  the same with the root's hooks and the leaf modules' forward hooks kept:
-                      the most that module scopes read from the stack walker could save while the
-                      estimate still gets each leaf module's output bytes, which only a forward hook sees
+  watch_without_module_scopes  the same without the scopes of every module but the root
+                      (their wrapped forwards, recording/module_scopes.py, cost the difference;
+                      the root's hooks begin the forward)
 Modes interleave over rounds; per step, the median and the fastest round's
 milliseconds over no recording, by wall time or (--clock cpu) the CPU time of
 every thread of the process, which another process on the machine disturbs less.
@@ -62,19 +60,11 @@ def measure(name, model, make_input, loss_fn, device, args, path) -> dict:
         hs = [p.register_post_accumulate_grad_hook(lambda p: None) for p in model.parameters()]
         return lambda: [h.remove() for h in hs]
 
-    def watch_with_module_hooks(keep):
-        def setup(rec):
-            w = rec.watch(model, opt)
-            # (Watch registers a pre-hook and a hook per module, in model.modules() order, the root's first)
-            for i, m in enumerate(model.modules()):
-                for j, h in enumerate(w._handles[2 * i:2 * i + 2]):
-                    if i > 0 and not keep(m, j == 1):
-                        h.remove()
-            return w.remove
-        return setup
-
-    def is_leaf(m):
-        return next(iter(m.children()), None) is None
+    def watch_without_module_scopes(rec):
+        w = rec.watch(model, opt)
+        for h in w._module_handles:  # (every module's but the root's)
+            h.remove()
+        return w.remove
 
     def native_saved():
         lab = C.SavedTensorLabeler(device == "cuda", device == "cpu", name, [torch.Tensor, torch.nn.Parameter])
@@ -87,8 +77,7 @@ def measure(name, model, make_input, loss_fn, device, args, path) -> dict:
              "empty_module_hooks": lambda rec: module_hooks(),
              "empty_grad_hooks": lambda rec: grad_hooks(),
              "watch": lambda rec: rec.watch(model, opt).remove,
-             "watch_without_module_hooks": watch_with_module_hooks(lambda m, post: False),
-             "watch_leaf_output_hooks": watch_with_module_hooks(lambda m, post: post and is_leaf(m))}
+             "watch_without_module_scopes": watch_without_module_scopes}
 
     def timed(setup):
         with allocscope.record(path, device=device, ops=False) as rec:

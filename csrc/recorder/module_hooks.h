@@ -1,18 +1,16 @@
-// The forward hooks of a watched model's modules, the root's aside
-// (recording/watcher.py), as C functions.
-//
-// Every call of a watched module runs a forward pre-hook and a forward hook;
-// Python's module call takes its slow path for them (Module._call_impl), and
-// the hooks' own Python cost almost as much again (callgrind,
-// benchmarks/bench_module_call_instructions.py: 13.7k instructions a call
-// for the two, against 16.8k for the slow path with empty hooks). Here
-// each hook is a Python function of two lines (it must stay Python:
-// torch.compile traces module hooks, and a C function in a compiled region
-// would break the graph at every module) that calls one of these, which
-// write the MODULE_ENTER/EXIT event with the label interned at watch time.
-// The exit of a leaf module also measures its new output bytes (what the
-// textbook estimate adds up) where the output and the one input are plain
-// tensors; otherwise it leaves that to the Python hook.
+// What a watched model's modules (the root's aside) run at each call, as C
+// functions: recording/module_scopes.py wraps each module's forward in a
+// Python function that calls enter() before it and exit() after (a module
+// with forward hooks would take Module._call_impl's slow path, 16.9
+// thousand instructions a call: benchmarks/bench_module_call_instructions.py).
+// The wrapper stays Python because torch.compile traces a module's forward
+// and a C function there would break the graph; inside a compiled region it
+// only calls the forward. The functions write the MODULE_ENTER/EXIT event
+// with the label interned at watch time. The exit of a leaf module also
+// measures its new output bytes (what the textbook estimate adds up) where
+// the output and the one input are plain tensors; otherwise it leaves that
+// to Python. Modules whose forward cannot be wrapped call them from forward
+// hooks with the same arguments.
 #pragma once
 
 #include <Python.h>

@@ -47,12 +47,24 @@ PyObject* Labeler::pack(PyObject* obj) {
       Recorder::get().annotate_interned(format::kActivation, ops::innermost_module(fallback_), ptr, bytes);
     }
   }
+  // What is packed must not hold the tensor's own grad_fn: for an output
+  // that node is the one saving it, which would then own itself (a cycle
+  // of C++ references, never freed). A tensor without a grad_fn (a leaf, or
+  // one made without autograd) is packed as it is, as torch saves it
+  // without hooks.
+  if (!t.grad_fn()) {
+    Py_INCREF(obj);
+    return obj;
+  }
   if (std::find(plain_types_.begin(), plain_types_.end(), reinterpret_cast<PyObject*>(Py_TYPE(obj))) ==
       plain_types_.end()) {
-    return PyObject_CallMethod(obj, "detach", nullptr);
+    return PyObject_CallMethod(obj, "detach", nullptr);  // (a subclass keeps its own detach)
   }
   try {
-    return THPVariable_Wrap(t.detach());
+    // The same storage and version counter without autograd's metadata: what
+    // torch saves of an output without hooks (tensor_data()), a shallow copy
+    // where detach() would dispatch a view op (~2 thousand instructions).
+    return THPVariable_Wrap(t.tensor_data());
   } catch (const std::exception& e) {
     PyErr_SetString(PyExc_RuntimeError, e.what());
     return nullptr;

@@ -3,8 +3,9 @@
 // Autograd calls the pack hook for every tensor it saves for backward; the
 // hook labels each storage once per forward as an ACTIVATION of the innermost
 // module open on this thread (the forward module scopes the watcher writes,
-// ops.h keeps them per thread) and returns the tensor detached (the saved
-// tensor must not hold its own grad_fn: a reference cycle). Written in C++
+// ops.h keeps them per thread) and returns what to save: the tensor itself
+// where it has no grad_fn, else its data without autograd's metadata (the
+// saved tensor must not hold its own grad_fn: a reference cycle). Written in C++
 // because it runs for every saved tensor: in Python it cost a frame, several
 // attribute lookups, a storage object and a detach through the Python API for
 // each. Here it costs what torch's hook mechanism costs with hooks that do
@@ -25,8 +26,8 @@ class Labeler {
  public:
   // cuda/cpu: the recorded devices (tensors elsewhere get no label);
   // fallback: the label when no module is open (the watch's name);
-  // plain_types: the Python types whose detach needs no Python call
-  // (torch.Tensor, torch.nn.Parameter); other types (subclasses with
+  // plain_types: the Python types whose data is taken without a Python
+  // call (torch.Tensor, torch.nn.Parameter); other types (subclasses with
   // __torch_function__) are detached through their own detach().
   Labeler(bool cuda, bool cpu, const std::string& fallback, std::vector<PyObject*> plain_types);
   ~Labeler();

@@ -12,11 +12,13 @@ inputs). The analysis (allocscope.attribution.categories) joins the labels to th
 allocations live at that address at that moment.
 
 It only observes. The hooks it adds return nothing (so outputs and gradients
-are untouched) and are removed when the recording stops. The one global
-change is a thin wrapper around torch.autograd.backward (which Tensor.backward
-calls) and torch.autograd.grad, so that the backward phase starts before the
-loss's own backward kernels allocate; they are restored when the last watch
-ends.
+are untouched) and are removed when the recording stops; so are the wrapped
+forwards that write every module's scope but the root's (module_scopes.py:
+hooks would send each module call down Module._call_impl's slow path). The
+one global change is a thin wrapper around torch.autograd.backward (which
+Tensor.backward calls) and torch.autograd.grad, so that the backward phase
+starts before the loss's own backward kernels allocate; they are restored
+when the last watch ends.
 
 Gradients: where the recording records ops, the recorder labels them itself
 as each parameter's AccumulateGrad node ends (csrc/recorder/gradients.h);
@@ -38,6 +40,10 @@ from typing import Any, Callable, Iterator
 
 from ..capture.format import MODULE_LEAF, EventKind
 from ..common.native import native
+from .module_scopes import ForwardWrapper, can_wrap
+from .module_scopes import new_output_bytes as _new_output_bytes
+from .module_scopes import storage as _storage
+from .module_scopes import tensors as _tensors
 from .phases import Phases
 
 __all__ = ["Watch"]
@@ -78,51 +84,6 @@ def _optimizer_summary(optimizer: Any) -> dict[str, Any]:
     return {"type": type(optimizer).__name__, "state_per_parameter": _optimizer_state_per_parameter(optimizer)}
 
 
-def _tensors(value: Any) -> Iterator[tuple[str, Any]]:
-    """(path, tensor) for every tensor in nested tuples, lists and dicts."""
-    import torch
-
-    stack: list[tuple[str, Any]] = [("", value)]
-    while stack:
-        path, v = stack.pop()
-        if isinstance(v, torch.Tensor):
-            yield path, v
-        elif isinstance(v, (tuple, list)):
-            stack.extend((f"{path}[{i}]", x) for i, x in reversed(list(enumerate(v))))
-        elif isinstance(v, dict):
-            stack.extend((f"{path}[{k!r}]", x) for k, x in reversed(list(v.items())))
-
-
-def _storage(t: Any) -> tuple[int, int] | None:
-    """(data pointer, bytes) of a tensor's storage, or None for tensors
-    without one (sparse, meta, wrapper subclasses)."""
-    try:
-        s = t.untyped_storage()
-        return s.data_ptr(), s.nbytes()
-    except (RuntimeError, NotImplementedError, TypeError):
-        return None
-
-
-def _new_output_bytes(args: Any, output: Any) -> int:
-    """Bytes of a module's output tensors that are neither its inputs nor
-    views of them (ReLU(inplace=True), Flatten): the layer's new memory."""
-    import torch
-
-    if isinstance(output, torch.Tensor) and len(args) == 1 and isinstance(args[0], torch.Tensor):
-        try:  # the common case, without generators
-            same = output.untyped_storage().data_ptr() == args[0].untyped_storage().data_ptr()
-            return 0 if same else output.numel() * output.element_size()
-        except (RuntimeError, NotImplementedError, TypeError):
-            return 0
-    inputs = {s[0] for s in (_storage(t) for _, t in _tensors(args)) if s is not None}
-    produced = 0
-    for _, t in _tensors(output):
-        s = _storage(t)
-        if s is not None and s[0] not in inputs:
-            produced += t.numel() * t.element_size()
-    return produced
-
-
 class Watch:
     """Hooks on one model (and optionally its optimizer) that annotate the
     active recording. Made by Recording.watch() or allocscope.watch(); removed
@@ -131,8 +92,9 @@ class Watch:
     # False: gradients are labelled by Python hooks even where ops are
     # recorded (the reference the native labels are tested and timed against).
     native_gradients = True
-    # False: the modules' hooks (the root's aside) write their scopes from
-    # Python (the reference the C functions are tested against).
+    # False: the modules' scopes (the root's aside) are written by forward
+    # hooks in Python, not by wrapped forwards calling C functions
+    # (module_scopes.py): the reference those are tested against.
     native_module_hooks = True
 
     def __init__(self, model: Any, optimizer: Any = None, *, name: str | None = None,
@@ -166,13 +128,26 @@ class Watch:
         self._model_params = frozenset(self._param_names)
         self._model = weakref.ref(model)
         self._optimizers: list[Any] = []
+        # Every module's scopes but the root's: a wrapped forward
+        # (module_scopes.py), or hooks (the reference, and where a forward
+        # cannot be wrapped). The root's hooks also begin and end the forward.
+        self._module_handles: list[Any] = []
         for fqn, m in model.named_modules():
             leaf = next(iter(m.children()), None) is None
+            if m is not model and self.native_module_hooks and can_wrap(m):
+                self._module_handles.append(ForwardWrapper(m, self._qualify(fqn), leaf,
+                                                           *native().module_hooks(self._qualify(fqn), leaf),
+                                                           self._annotate))
+                continue
             pre, post = self._module_hooks(self._qualify(fqn), leaf, m is model)
             if m is model:
                 self._root_pre = pre
-            self._handles.append(m.register_forward_pre_hook(pre))
-            self._handles.append(m.register_forward_hook(post, always_call=True))
+                self._handles.append(m.register_forward_pre_hook(pre))
+                self._handles.append(m.register_forward_hook(post, always_call=True))
+            else:
+                self._module_handles.append(m.register_forward_pre_hook(pre))
+                self._module_handles.append(m.register_forward_hook(post, always_call=True))
+        self._handles.extend(self._module_handles)
         trainable = [p for p in model.parameters() if p.requires_grad]
         if self.native_gradients:
             # The recorder labels gradients (csrc/recorder/gradients.h): as
@@ -341,8 +316,8 @@ class Watch:
         is_compiling = torch.compiler.is_compiling
         annotate = self._annotate
         if not root:
-            # Every other module's hooks are two lines around a C function
-            # (csrc/recorder/module_hooks.h): they run at every module call.
+            # Another module's hooks: two lines around a C function
+            # (csrc/recorder/module_hooks.h) where its forward cannot be wrapped.
             if self.native_module_hooks:
                 enter, leave = native().module_hooks(name, leaf)
             else:  # the Python the C functions replaced: their reference
