@@ -115,6 +115,25 @@ def test_someone_elses_forward_wrapper_keeps_working(tmp_path):
     assert written.count(("enter", "Sequential.1")) == 1  # nothing after the removal
 
 
+class Doubling(nn.Module):
+    @staticmethod
+    def forward(x):
+        return x * 2
+
+
+def test_a_forward_that_cannot_be_wrapped_gets_hooks(tmp_path):
+    # (a staticmethod forward takes no module: the wrapper would pass one)
+    model = nn.Sequential(Doubling(), nn.Linear(8, 8))
+    x = torch.randn(2, 8)
+    with allocscope.record(tmp_path / "h.alsc", device="cpu") as rec:
+        rec.watch(model)
+        assert "forward" not in vars(model[0]) and "forward" in vars(model[1])
+        assert torch.equal(model(x), model[1](x * 2))
+    assert scopes(tmp_path / "h.alsc")[:5] == [("enter", "Sequential"), ("enter", "Sequential.0"),
+                                               ("exit", "Sequential.0"), ("enter", "Sequential.1"),
+                                               ("exit", "Sequential.1")]
+
+
 @pytest.mark.cuda
 def test_what_autograd_saved_is_freed_without_the_garbage_collector(tmp_path):
     # The saved-tensor hook packs a tensor with a grad_fn without it (an

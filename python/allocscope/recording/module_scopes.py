@@ -25,7 +25,8 @@ The wrapper runs inside Module.__call__, after the module's forward
 pre-hooks and before its forward hooks; a forward hook's allocations are
 its parent's, where hooks registered after the watch's made them the
 module's. A module that already has an instance `forward` (someone else's
-wrapper) and a container without forward get the hooks instead. The
+wrapper) or whose class's forward is not a plain function (a staticmethod,
+a container's placeholder) gets the hooks instead. The
 wrapper holds the module (a reference cycle, as accelerate's): the watch's
 removal (the recording's end) deletes it.
 """
@@ -33,6 +34,8 @@ removal (the recording's end) deletes it.
 from __future__ import annotations
 
 import functools
+import inspect
+import types
 import weakref
 from typing import Any, Callable, Iterator
 
@@ -90,11 +93,14 @@ def new_output_bytes(args: Any, output: Any) -> int:
 
 
 def can_wrap(module: Any) -> bool:
-    """Whether the module's forward can be wrapped: its class defines one
-    and nothing has put a forward in the instance already."""
+    """Whether the module's forward can be wrapped: its class defines one as
+    a plain function (not a staticmethod, a script method or a container's
+    placeholder) and nothing has put a forward in the instance already."""
     import torch
 
-    return "forward" not in module.__dict__ and type(module).forward is not torch.nn.Module.forward
+    forward = inspect.getattr_static(type(module), "forward", None)  # (a staticmethod as it is)
+    return ("forward" not in module.__dict__ and isinstance(forward, types.FunctionType)
+            and forward is not torch.nn.Module.forward)
 
 
 class ForwardWrapper:
