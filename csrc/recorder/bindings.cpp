@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include "cpu_allocator.h"
+#include "fingerprints.h"
 #include "format/format.h"
 #include "gradients.h"
 #include "module_hooks.h"
@@ -127,6 +128,24 @@ PYBIND11_MODULE(_C, m) {
            }),
            py::arg("params"), py::arg("cuda"), py::arg("cpu"))
       .def("remove", &gradients::Watch::remove);
+  py::class_<fingerprints::Changes>(m, "Changes")
+      .def(py::init<>())
+      .def(
+          "addresses",
+          [](fingerprints::Changes& self, py::handle refs) {
+            int changed = self.addresses(refs.ptr());
+            if (changed < 0) throw py::error_already_set();
+            return changed == 1;
+          },
+          py::arg("refs"))
+      .def(
+          "values",
+          [](fingerprints::Changes& self, py::handle state) {
+            int changed = self.values(state.ptr());
+            if (changed < 0) throw py::error_already_set();
+            return changed == 1;
+          },
+          py::arg("state"));
   m.def("label_gradient", [](py::handle param) { gradients::hooked(param.ptr()); }, py::arg("param"));
   m.def(
       "add_baseline",

@@ -14,7 +14,7 @@ def is_active() -> bool: ...
 def ops_active() -> bool:
     """Whether ops are recorded (then autograd nodes write their modules' backward scopes)."""
 def module_hooks(name: str, leaf: bool) -> tuple[Any, Any]:
-    """(enter, exit) C functions for a watched module's forward hooks (csrc/recorder/module_hooks.h):
+    """(enter, exit) C functions for a watched module's wrapped forward or hooks (csrc/recorder/module_hooks.h):
     enter(module, args); exit(module, args, output) -> False when a leaf's output bytes are for the caller."""
 def innermost_module(none: str) -> str:
     """The innermost watched module whose forward runs on this thread (`none` when none does)."""
@@ -37,6 +37,15 @@ def annotate(kind: int, label: str, addr: int = 0, size: int = 0, with_stack: bo
     """Records an annotation event (kind 16..63); False when not recording."""
 def label_gradient(param: Any) -> None:
     """A post-accumulate-grad hook: labels a watched parameter's gradient (a GradientWatch's)."""
+class Changes:
+    """Whether what a watch checks each step changed since the last call (csrc/recorder/fingerprints.h);
+    the first call says True."""
+    def __init__(self) -> None: ...
+    def addresses(self, refs: list[Any]) -> bool:
+        """refs: weak references to tensors; compares their data pointers (0: gone or no storage)."""
+    def values(self, state: dict[Any, Any]) -> bool:
+        """state: an optimizer's state; compares the identity of every inner value, in order."""
+
 def add_baseline(json: str) -> None: ...
 def install_cpu() -> None: ...
 def uninstall_cpu() -> None: ...

@@ -112,11 +112,11 @@ class Watch:
         self._native_scopes = False  # (set once every hook is in: remove() undoes it)
         self._handles: list[Any] = []
         self._local = threading.local()  # per thread: the forward module stack, the saved-tensor hooks
-        self._param_fingerprint: tuple[int, ...] = ()
-        self._params: list[tuple[str, weakref.ref[Any]]] = []
+        self._param_moves = native().Changes()  # (csrc/recorder/fingerprints.h)
+        self._param_refs: list[weakref.ref[Any]] = []
         self._param_storages: set[int] = set()
         self._state_seen: dict[tuple[int, str], int] = {}
-        self._state_fingerprints: dict[int, tuple[int, ...]] = {}  # id(optimizer) -> its state's tensor ids
+        self._state_changes: dict[int, Any] = {}  # id(optimizer) -> the Changes of its state's tensor ids
         self._removed = False
         self._device_types = frozenset(device_types)
         # The saved-tensor hook (csrc/recorder/saved.h): each storage autograd
@@ -277,12 +277,11 @@ class Watch:
         # a walk over the module tree costs more than the data pointers, so
         # the parameter list is kept from the last walk.
         # (held weakly: a model deleted while watched is freed as unwatched)
-        if not force and self._param_fingerprint == tuple(p().data_ptr() if p() is not None else 0
-                                                          for _, p in self._params):
+        if not self._param_moves.addresses(self._param_refs) and not force:
             return
         params = list(model.named_parameters())
-        self._params = [(fqn, weakref.ref(p)) for fqn, p in params]
-        self._param_fingerprint = tuple(p.data_ptr() for _, p in params)
+        self._param_refs = [weakref.ref(p) for _, p in params]
+        self._param_moves.addresses(self._param_refs)
         labelled: set[int] = set()  # shared storage (tied weights) is named once
         for fqn, p in params:
             s = self._recorded_storage(p)
@@ -424,10 +423,11 @@ class Watch:
         # New objects (lazily made state, load_state_dict) are looked at.
         # Were a tensor replaced unseen, its memory would still be
         # optimizer_state by the phase rule, without its parameter's name.
-        fingerprint = tuple(id(v) for st in optimizer.state.values() for v in st.values())
-        if self._state_fingerprints.get(id(optimizer)) == fingerprint:
+        changes = self._state_changes.get(id(optimizer))
+        if changes is None:
+            changes = self._state_changes[id(optimizer)] = native().Changes()
+        if not changes.values(optimizer.state):
             return
-        self._state_fingerprints[id(optimizer)] = fingerprint
         for group in optimizer.param_groups:
             for p in group["params"]:
                 state = optimizer.state.get(p)
