@@ -10,7 +10,7 @@ step to the last (every thread: the program's, the autograd engine's, the
 recorder's writer), after two unmeasured ones in the same mode. Modes:
 bench_step.py's (off, allocscope-noops, allocscope-python, allocscope-watch,
 allocscope-watch-noops, torch-history), and parts of watching without ops
-(watching with no saved-tensor hooks, with the root module's hooks alone),
+(watching with no saved-tensor hooks, with the root module's scopes alone: its hooks),
 whose difference to allocscope-watch-noops is what that part costs. Instructions are not
 seconds (a cache miss costs more than an add), but they are the same on
 every run of the same build: on a shared machine whose wall and CPU times
@@ -197,6 +197,7 @@ def main() -> None:
             "saved_hooks": (round(over["allocscope-watch-noops"] - over["watch-noops-without-saved-hooks"])
                             if "watch-noops-without-saved-hooks" in over and "allocscope-watch-noops" in over
                             else None),
+            # (every module's scopes but the root's: wrapped forwards since 2026-11-26)
             "module_hooks": (round(over["allocscope-watch-noops"] - over["watch-noops-root-hooks-only"])
                              if "watch-noops-root-hooks-only" in over and "allocscope-watch-noops" in over
                              else None),
