@@ -36,7 +36,7 @@ from __future__ import annotations
 import json
 import threading
 import weakref
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from ..capture.format import MODULE_LEAF, EventKind
 from ..common.native import native
