@@ -1,9 +1,10 @@
-"""The module hooks' C functions (csrc/recorder/module_hooks.h) write what
-the Python hooks they replaced wrote (Watch.native_module_hooks = False):
-the same MODULE_ENTER/EXIT events, leaf output bytes included, and the same
-meaning for every allocation, on the attribution tests' models and on
-modules whose inputs and outputs are not one plain tensor (where the C
-function leaves the leaf's bytes to Python)."""
+"""The wrapped forwards (recording/module_scopes.py) and their C functions
+(csrc/recorder/module_hooks.h) write what the Python forward hooks they
+replaced wrote (Watch.native_module_hooks = False): the same
+MODULE_ENTER/EXIT events, leaf output bytes included, and the same meaning
+for every allocation, on the attribution tests' models and on modules whose
+inputs and outputs are not one plain tensor (where the C function leaves
+the leaf's bytes to Python)."""
 
 import gc
 
