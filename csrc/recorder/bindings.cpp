@@ -128,23 +128,20 @@ PYBIND11_MODULE(_C, m) {
            }),
            py::arg("params"), py::arg("cuda"), py::arg("cpu"))
       .def("remove", &gradients::Watch::remove);
+  // (Changes' checks return 1, 0, or -1 with a Python error set)
+  auto changed = [](int result) {
+    if (result < 0) throw py::error_already_set();
+    return result == 1;
+  };
   py::class_<fingerprints::Changes>(m, "Changes")
       .def(py::init<>())
       .def(
           "addresses",
-          [](fingerprints::Changes& self, py::handle refs) {
-            int changed = self.addresses(refs.ptr());
-            if (changed < 0) throw py::error_already_set();
-            return changed == 1;
-          },
+          [changed](fingerprints::Changes& self, py::handle refs) { return changed(self.addresses(refs.ptr())); },
           py::arg("refs"))
       .def(
           "values",
-          [](fingerprints::Changes& self, py::handle state) {
-            int changed = self.values(state.ptr());
-            if (changed < 0) throw py::error_already_set();
-            return changed == 1;
-          },
+          [changed](fingerprints::Changes& self, py::handle state) { return changed(self.values(state.ptr())); },
           py::arg("state"));
   m.def("label_gradient", [](py::handle param) { gradients::hooked(param.ptr()); }, py::arg("param"));
   m.def(

@@ -34,8 +34,8 @@ PyObject* enter(PyObject* self, PyObject* const*, Py_ssize_t) {
 }
 
 // The bytes of a plain tensor output that is not a view of the module's one
-// plain tensor input (ReLU(inplace=True), Flatten), as watcher.py's
-// _new_output_bytes counts them; -1 where the arguments are not those.
+// plain tensor input (ReLU(inplace=True), Flatten), as module_scopes.py's
+// new_output_bytes counts them; -1 where the arguments are not those.
 int64_t new_output_bytes(PyObject* args, PyObject* output) {
   if (!PyTuple_Check(args) || PyTuple_GET_SIZE(args) != 1) return -1;
   PyObject* input = PyTuple_GET_ITEM(args, 0);
