@@ -206,9 +206,10 @@ def build_vgpu(out_dir: str, work_dir: str) -> bool:
 # (csrc/format/). Includes are relative to csrc/.
 _FORMAT_SOURCES = ["csrc/format/chunk.cpp", "csrc/format/columns.cpp"]
 _RECORDER_SOURCES = ["csrc/recorder/" + f for f in ("backward_scopes.cpp", "bindings.cpp", "checkpoint.cpp",
-                                                    "cpu_allocator.cpp", "fingerprints.cpp", "gradients.cpp", "module_hooks.cpp",
-                                                    "ops.cpp", "pystack.cpp", "recorder.cpp", "saved.cpp",
-                                                    "stacks.cpp", "tables.cpp", "writer.cpp")]
+                                                    "cpu_allocator.cpp", "fingerprints.cpp", "gradients.cpp",
+                                                    "module_hooks.cpp", "ops.cpp", "pystack.cpp", "recorder.cpp",
+                                                    "saved.cpp", "saved_engine.cpp", "stacks.cpp", "tables.cpp",
+                                                    "writer.cpp")]
 _RECORDER_CUDA_SOURCES = ["csrc/recorder/cuda_allocator.cpp", "csrc/recorder/cuda_baseline.cpp"]
 _ANALYSIS_SOURCES = ["csrc/analysis/" + f for f in ("bindings.cpp", "decode.cpp", "model.cpp", "pairs.cpp",
                                                     "recorded.cpp", "replay.cpp", "scopes.cpp", "sizes.cpp")]

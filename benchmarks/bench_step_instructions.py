@@ -11,7 +11,9 @@ recorder's writer), after two unmeasured ones in the same mode. Modes:
 bench_step.py's (off, allocscope-noops, allocscope-python, allocscope-watch,
 allocscope-watch-noops, torch-history), and parts of watching without ops
 (watching with no saved-tensor hooks, with the root module's scopes alone: its hooks),
-whose difference to allocscope-watch-noops is what that part costs. Instructions are not
+whose difference to allocscope-watch-noops is what that part costs, and watching
+with the saved-tensor hook called through Python (watch-noops-python-saved-hooks:
+as before allocscope's engine answered for it, csrc/recorder/saved_engine.h). Instructions are not
 seconds (a cache miss costs more than an add), but they are the same on
 every run of the same build: on a shared machine whose wall and CPU times
 move by tens of percent from run to run (bench_step.py), a 1% change shows.
@@ -67,6 +69,13 @@ def _watch_root_hooks_only(rec, model, opt):
         h.remove()
 
 
+def _watch_python_saved_hooks(rec, model, opt):
+    from allocscope.recording.watcher import Watch
+
+    Watch.saved_hooks_in_cpp = False  # (the child process runs one mode)
+    rec.watch(model, opt)
+
+
 # Each mode: (record()'s ops, or None for no allocscope recording; what it
 # does once recording). The last two are parts of watching without ops:
 # allocscope-watch-noops over them is what that part costs.
@@ -79,6 +88,7 @@ MODES = {
     "allocscope-watch-noops": (False, lambda rec, model, opt: rec.watch(model, opt)),
     "watch-noops-without-saved-hooks": (False, _watch_without_saved_hooks),
     "watch-noops-root-hooks-only": (False, _watch_root_hooks_only),
+    "watch-noops-python-saved-hooks": (False, _watch_python_saved_hooks),
 }
 
 

@@ -90,13 +90,16 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("kind"), py::arg("label"), py::arg("addr") = 0, py::arg("size") = 0, py::arg("with_stack") = false);
   py::class_<saved::Labeler>(m, "SavedTensorLabeler")
-      .def(py::init([](bool cuda, bool cpu, const std::string& fallback, const py::list& plain_types) {
+      .def(py::init([](bool cuda, bool cpu, const std::string& fallback, const py::list& plain_types, bool route) {
              std::vector<PyObject*> types;
              for (py::handle t : plain_types) types.push_back(t.ptr());
-             return std::make_unique<saved::Labeler>(cuda, cpu, fallback, std::move(types));
+             return std::make_unique<saved::Labeler>(cuda, cpu, fallback, std::move(types), route);
            }),
-           py::arg("cuda"), py::arg("cpu"), py::arg("fallback"), py::arg("plain_types"))
+           py::arg("cuda"), py::arg("cpu"), py::arg("fallback"), py::arg("plain_types"), py::arg("route") = true)
       .def("begin_forward", &saved::Labeler::begin_forward, py::arg("labelled"))
+      .def("close", &saved::Labeler::close)
+      .def_property_readonly("packed_natively", &saved::Labeler::packed_natively)
+      .def_property_readonly("packed_in_python", &saved::Labeler::packed_in_python)
       .def(
           "pack",
           [](saved::Labeler& self, py::handle tensor) {

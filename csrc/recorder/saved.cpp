@@ -1,28 +1,69 @@
 #include "saved.h"
 
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/utils/object_ptr.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
 
 #include "format/format.h"
 #include "ops.h"
 #include "recorder.h"
+#include "saved_engine.h"
 
 namespace allocscope::saved {
 
-Labeler::Labeler(bool cuda, bool cpu, const std::string& fallback, std::vector<PyObject*> plain_types)
-    : cuda_(cuda), cpu_(cpu), fallback_(Recorder::get().intern(fallback)), plain_types_(std::move(plain_types)) {
+Labeler::Labeler(bool cuda, bool cpu, const std::string& fallback, std::vector<PyObject*> plain_types, bool route)
+    : cuda_(cuda),
+      cpu_(cpu),
+      fallback_(Recorder::get().intern(fallback)),
+      plain_types_(std::move(plain_types)),
+      routed_(route) {
   for (PyObject* t : plain_types_) Py_INCREF(t);
+  if (routed_) hold_engine();
 }
 
 Labeler::~Labeler() {
   // (destroyed by Python's garbage collection, with the GIL)
+  close();
   for (PyObject* t : plain_types_) Py_DECREF(t);
 }
 
+void Labeler::close() {
+  if (routed_) release_engine();
+  routed_ = false;
+}
+
 void Labeler::begin_forward(const std::vector<uint64_t>& labelled) {
+  std::lock_guard<std::mutex> lock(mutex_);
   labelled_.clear();
   labelled_.insert(labelled.begin(), labelled.end());
+}
+
+void Labeler::label(const at::Tensor& t) {
+  c10::DeviceType device = t.device().type();
+  if (!((cuda_ && device == c10::DeviceType::CUDA) || (cpu_ && device == c10::DeviceType::CPU))) return;
+  uint64_t ptr = 0, bytes = 0;
+  try {
+    if (t.has_storage()) {
+      const c10::Storage& storage = t.storage();
+      ptr = reinterpret_cast<uint64_t>(storage.data());
+      bytes = storage.nbytes();
+    }
+  } catch (const c10::Error&) {  // a storage that cannot be read: nothing to label
+    ptr = 0;
+  }
+  if (ptr == 0) return;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!labelled_.insert(ptr).second) return;
+  }
+  Recorder::get().annotate_interned(format::kActivation, ops::innermost_module(fallback_), ptr, bytes);
+}
+
+bool Labeler::plain(PyObject* type) const {
+  return std::find(plain_types_.begin(), plain_types_.end(), type) != plain_types_.end();
 }
 
 PyObject* Labeler::pack(PyObject* obj) {
@@ -30,23 +71,9 @@ PyObject* Labeler::pack(PyObject* obj) {
     PyErr_SetString(PyExc_TypeError, "allocscope's saved-tensor hook got something that is not a tensor");
     return nullptr;
   }
+  packed_in_python_.fetch_add(1, std::memory_order_relaxed);
   const at::Tensor& t = THPVariable_Unpack(obj);
-  c10::DeviceType device = t.device().type();
-  if ((cuda_ && device == c10::DeviceType::CUDA) || (cpu_ && device == c10::DeviceType::CPU)) {
-    uint64_t ptr = 0, bytes = 0;
-    try {
-      if (t.has_storage()) {
-        const c10::Storage& storage = t.storage();
-        ptr = reinterpret_cast<uint64_t>(storage.data());
-        bytes = storage.nbytes();
-      }
-    } catch (const c10::Error&) {  // a storage that cannot be read: nothing to label
-      ptr = 0;
-    }
-    if (ptr != 0 && labelled_.insert(ptr).second) {
-      Recorder::get().annotate_interned(format::kActivation, ops::innermost_module(fallback_), ptr, bytes);
-    }
-  }
+  label(t);
   // What is packed must not hold the tensor's own grad_fn: for an output
   // that node is the one saving it, which would then own itself (a cycle
   // of C++ references, never freed). A tensor without a grad_fn (a leaf, or
@@ -56,8 +83,7 @@ PyObject* Labeler::pack(PyObject* obj) {
     Py_INCREF(obj);
     return obj;
   }
-  if (std::find(plain_types_.begin(), plain_types_.end(), reinterpret_cast<PyObject*>(Py_TYPE(obj))) ==
-      plain_types_.end()) {
+  if (!plain(reinterpret_cast<PyObject*>(Py_TYPE(obj)))) {
     return PyObject_CallMethod(obj, "detach", nullptr);  // (a subclass keeps its own detach)
   }
   try {
@@ -69,6 +95,27 @@ PyObject* Labeler::pack(PyObject* obj) {
     PyErr_SetString(PyExc_RuntimeError, e.what());
     return nullptr;
   }
+}
+
+at::Tensor Labeler::pack_native(const at::Tensor& t) {
+  packed_natively_.fetch_add(1, std::memory_order_relaxed);
+  label(t);
+  if (!t.grad_fn()) return t;  // (as pack: see there)
+  // A tensor whose Python object is of a subclass is detached by the
+  // subclass's detach(), as pack does. The object, if any, lives as long as
+  // the TensorImpl that points to it (torch keeps a tensor's Python object
+  // while C++ holds the tensor), and its type does not change.
+  PyObject* existing = t.unsafeGetTensorImpl()->pyobj_slot()->load_pyobj();
+  if (existing != nullptr && !plain(reinterpret_cast<PyObject*>(Py_TYPE(existing)))) {
+    pybind11::gil_scoped_acquire gil;
+    THPObjectPtr obj(THPVariable_Wrap(t));
+    if (!obj) throw python_error();
+    THPObjectPtr detached(PyObject_CallMethod(obj.get(), "detach", nullptr));
+    if (!detached) throw python_error();
+    TORCH_CHECK_TYPE(THPVariable_Check(detached.get()), "a saved tensor's detach() returned something else");
+    return THPVariable_Unpack(detached.get());
+  }
+  return t.tensor_data();
 }
 
 namespace {
@@ -93,6 +140,12 @@ void release_owner(PyObject* capsule) {
 }
 
 }  // namespace
+
+Labeler* Labeler::of_pack_hook(PyObject* fn) {
+  if (fn == nullptr || !PyCFunction_Check(fn) || PyCFunction_GET_FUNCTION(fn) != &call_pack) return nullptr;
+  // (our own capsule: the name matches, so no Python error can be set here)
+  return static_cast<Labeler*>(PyCapsule_GetPointer(PyCFunction_GET_SELF(fn), kCapsule));
+}
 
 PyObject* Labeler::pack_hook(PyObject* owner, Labeler* labeler) {
   PyObject* capsule = PyCapsule_New(labeler, kCapsule, &release_owner);

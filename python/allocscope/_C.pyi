@@ -46,6 +46,27 @@ class Changes:
     def values(self, state: dict[Any, Any]) -> bool:
         """state: an optimizer's state; compares the identity of every inner value, in order."""
 
+class SavedTensorLabeler:
+    """The watcher's saved-tensor hook (csrc/recorder/saved.h): labels each storage autograd saves during a
+    watched forward as an activation of the innermost module, once per forward."""
+    def __init__(self, cuda: bool, cpu: bool, fallback: str, plain_types: list[Any], route: bool = True) -> None:
+        """route: autograd asks allocscope's engine for the hooks (csrc/recorder/saved_engine.h), which packs
+        in C++ where this labeler's pack_hook is on top of the saved_tensors_hooks stack; until close()."""
+    def begin_forward(self, labelled: list[int]) -> None: ...
+    def pack(self, tensor: Any) -> Any: ...
+    @staticmethod
+    def unpack(tensor: Any) -> Any: ...
+    @property
+    def pack_hook(self) -> Any:
+        """pack as a C function (push it with unpack_hook in saved_tensors_hooks)."""
+    unpack_hook: Any
+    def close(self) -> None:
+        """Releases the engine route (idempotent)."""
+    @property
+    def packed_natively(self) -> int: ...
+    @property
+    def packed_in_python(self) -> int: ...
+
 def add_baseline(json: str) -> None: ...
 def install_cpu() -> None: ...
 def uninstall_cpu() -> None: ...

@@ -108,3 +108,121 @@ def test_saved_subclass_tensors_keep_their_type_and_gradients_are_unchanged(tmp_
             w._saved.pack(3)
     assert native().is_active() is False
 
+
+
+class TwoLayers(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 16), torch.nn.Linear(16, 1)
+
+    def forward(self, x):
+        return self.b(torch.tanh(self.a(x)))
+
+
+@pytest.fixture
+def python_saved_hooks(monkeypatch):
+    from allocscope.recording.watcher import Watch
+
+    def use(python):
+        monkeypatch.setattr(Watch, "saved_hooks_in_cpp", not python)
+
+    return use
+
+
+@pytest.mark.parametrize("python", [False, True], ids=["engine", "python"])
+def test_autograd_asks_allocscopes_engine_for_the_hook(tmp_path, python, python_saved_hooks):
+    """By default the saved tensors of a watched forward are packed in C++
+    (csrc/recorder/saved_engine.h): torch's Python hook mechanism is not
+    called; the same tensors are packed either way."""
+    python_saved_hooks(python)
+    torch.manual_seed(0)
+    model = TwoLayers()
+    with allocscope.record(tmp_path / "r.alsc", device="cpu") as rec:
+        w = rec.watch(model)
+        model(torch.randn(4, 8)).sum().backward()
+        native_packs, python_packs = w._saved.packed_natively, w._saved.packed_in_python
+    # a.weight, x, tanh's output, b's input and weight: at least four saves
+    assert (python_packs if python else native_packs) >= 4
+    assert (native_packs if python else python_packs) == 0
+    # the route is released with the watch: the same hook pushed by hand now goes through Python
+    with torch.autograd.graph.saved_tensors_hooks(w._saved.pack_hook, w._saved.unpack_hook):
+        TwoLayers()(torch.randn(4, 8)).sum().backward()
+    assert w._saved.packed_natively == native_packs
+    assert w._saved.packed_in_python > python_packs
+
+
+def test_gradients_are_those_of_an_unwatched_model_on_either_route(tmp_path, python_saved_hooks):
+    def grads(watched, python=False):
+        python_saved_hooks(python)
+        torch.manual_seed(0)
+        m = TwoLayers()
+        x = torch.randn(6, 8, requires_grad=True)
+        with allocscope.record(tmp_path / "g.alsc", device="cpu") as rec:
+            if watched:
+                rec.watch(m)
+            y = m(x)
+            (y * y).sum().backward()  # y is saved by the loss, outside the model
+        return [x.grad] + [p.grad for p in m.parameters()]
+
+    plain = grads(False)
+    for python in (False, True):
+        assert all(torch.equal(a, b) for a, b in zip(plain, grads(True, python), strict=True))
+
+
+def test_a_programs_own_hooks_inside_the_forward_still_pack(tmp_path):
+    """Hooks the model pushes inside its forward are on top of the watcher's:
+    they pack what is saved there, as without the watch (and those tensors get
+    no label from the watcher, as before)."""
+    packed = []
+
+    class Hooked(TwoLayers):
+        def forward(self, x):
+            with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t.shape) or t, lambda t: t):
+                return super().forward(x)
+
+    def run(watched):
+        packed.clear()
+        torch.manual_seed(0)
+        m = Hooked()
+        with allocscope.record(tmp_path / "h.alsc", device="cpu") as rec:
+            w = rec.watch(m) if watched else None
+            m(torch.randn(4, 8)).sum().backward()
+            natively = w._saved.packed_natively if w else 0
+        return list(packed), natively
+
+    assert run(True) == (run(False)[0], 0)
+
+
+def test_a_programs_hooks_around_the_step_pack_as_without_the_watch(tmp_path):
+    """saved_tensors_hooks around the whole step (as save_on_cpu) lie below the
+    watcher's: they still pack every saved tensor, and what they keep is what
+    gets the activation label."""
+    kept = []
+
+    def pack(t):
+        copy = t.clone()  # what this program keeps instead of the tensor
+        kept.append(copy)
+        return copy
+
+    def run(watched):
+        kept.clear()
+        torch.manual_seed(0)
+        m = TwoLayers()
+        path = tmp_path / f"o{watched}.alsc"
+        with allocscope.record(path, device="cpu") as rec:
+            if watched:
+                rec.watch(m)
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                m(torch.randn(4, 8)).sum().backward()
+            grads = [p.grad for p in m.parameters()]
+            addresses = {c.untyped_storage().data_ptr() for c in kept}
+        return len(kept), grads, addresses, allocscope.load(path)
+
+    count, grads, _, _ = run(False)
+    watched_count, watched_grads, addresses, cap = run(True)
+    assert watched_count == count > 0
+    assert all(torch.equal(a, b) for a, b in zip(grads, watched_grads, strict=True))
+    ev = cap.events
+    labelled = {int(a) for a in ev.addr[ev.kind == EventKind.ACTIVATION]}
+    # what the program kept (copies, of the weights too) is what is labelled
+    assert labelled and labelled <= addresses

@@ -96,6 +96,10 @@ class Watch:
     # hooks in Python, not by wrapped forwards calling C functions
     # (module_scopes.py): the reference those are tested against.
     native_module_hooks = True
+    # False: autograd calls the saved-tensor hook through Python, as before
+    # allocscope's engine answered for it (csrc/recorder/saved_engine.h): the
+    # reference that route is tested and timed against.
+    saved_hooks_in_cpp = True
 
     def __init__(self, model: Any, optimizer: Any = None, *, name: str | None = None,
                  device_types: tuple[str, ...] = ("cpu", "cuda")):
@@ -122,7 +126,8 @@ class Watch:
         # The saved-tensor hook (csrc/recorder/saved.h): each storage autograd
         # saves is labelled once per forward, as the innermost open module's.
         self._saved = native().SavedTensorLabeler("cuda" in self._device_types, "cpu" in self._device_types,
-                                                  self.name, [torch.Tensor, torch.nn.Parameter])
+                                                  self.name, [torch.Tensor, torch.nn.Parameter],
+                                                  self.saved_hooks_in_cpp)
 
         self._param_names = {id(p): self._qualify(fqn) for fqn, p in model.named_parameters()}
         self._model_params = frozenset(self._param_names)
@@ -211,6 +216,8 @@ class Watch:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        if hasattr(self._saved, "close"):  # (the engine route: csrc/recorder/saved_engine.h)
+            self._saved.close()
         if self._native_scopes:
             native().disable_backward_scopes()
         Phases.discard(self)
