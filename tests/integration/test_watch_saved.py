@@ -226,3 +226,54 @@ def test_a_programs_hooks_around_the_step_pack_as_without_the_watch(tmp_path):
     labelled = {int(a) for a in ev.addr[ev.kind == EventKind.ACTIVATION]}
     # what the program kept (copies, of the weights too) is what is labelled
     assert labelled and labelled <= addresses
+
+
+def test_compiled_autograd_unpacks_what_the_engine_packed(tmp_path, python_saved_hooks):
+    """Compiled autograd asks each saved tensor's hooks for Python's unpack
+    pair (retrieve_unpack_hook_data): the engine's C++ hooks give one, and the
+    gradients are those of an unwatched model."""
+    from torch._dynamo import compiled_autograd
+
+    def grads(watched):
+        torch.manual_seed(0)
+        m = TwoLayers()
+        with allocscope.record(tmp_path / "ca.alsc", device="cpu") as rec:
+            w = rec.watch(m) if watched else None
+            with compiled_autograd._enable(torch.compile(backend="eager")):
+                m(torch.randn(4, 8)).sum().backward()
+            if w is not None:
+                assert w._saved.packed_natively > 0 and w._saved.packed_in_python == 0
+        return [p.grad for p in m.parameters()]
+
+    plain = grads(False)
+    assert all(torch.equal(a, b) for a, b in zip(plain, grads(True), strict=True))
+
+
+@pytest.mark.cuda
+def test_save_on_cpu_keeps_a_watched_models_activations_off_the_gpu(tmp_path):
+    """torch.autograd.graph.save_on_cpu around the step moves what autograd
+    saves to the host; watching the model leaves that so (it once hid the
+    program's hooks behind its own): at the end of the forward the GPU holds
+    the same bytes as without the watch."""
+
+    def after_forward(watched):
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU())
+                                  for _ in range(4)]).cuda()
+        x = torch.randn(512, 256, device="cuda")
+        m(x).sum().backward()  # (cuBLAS's workspace: allocated at the first matmul, kept)
+        m.zero_grad(set_to_none=False)
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        with allocscope.record(tmp_path / f"c{watched}.alsc", device="cuda") as rec:
+            if watched:
+                rec.watch(m)
+            with torch.autograd.graph.save_on_cpu():
+                loss = m(x).sum()
+                held = torch.cuda.memory_allocated() - base
+                loss.backward()
+        return held
+
+    held = after_forward(False)
+    assert held < 4 * 512 * 256 * 4  # (less than the four layers' activations: they are on the host)
+    assert after_forward(True) == held
