@@ -96,7 +96,8 @@ PYBIND11_MODULE(_C, m) {
              return std::make_unique<saved::Labeler>(cuda, cpu, fallback, std::move(types), route);
            }),
            py::arg("cuda"), py::arg("cpu"), py::arg("fallback"), py::arg("plain_types"), py::arg("route") = true)
-      .def("begin_forward", &saved::Labeler::begin_forward, py::arg("labelled"))
+      .def("set_parameters", &saved::Labeler::set_parameters, py::arg("storages"))
+      .def("begin_forward", &saved::Labeler::begin_forward)
       .def("close", &saved::Labeler::close)
       .def_property_readonly("packed_natively", &saved::Labeler::packed_natively)
       .def_property_readonly("packed_in_python", &saved::Labeler::packed_in_python)

@@ -35,10 +35,15 @@ void Labeler::close() {
   routed_ = false;
 }
 
-void Labeler::begin_forward(const std::vector<uint64_t>& labelled) {
+void Labeler::set_parameters(const std::vector<uint64_t>& storages) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  parameters_.clear();
+  parameters_.insert(storages.begin(), storages.end());
+}
+
+void Labeler::begin_forward() {
   std::lock_guard<std::mutex> lock(mutex_);
   labelled_.clear();
-  labelled_.insert(labelled.begin(), labelled.end());
 }
 
 void Labeler::label(const at::Tensor& t) {
@@ -57,7 +62,7 @@ void Labeler::label(const at::Tensor& t) {
   if (ptr == 0) return;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!labelled_.insert(ptr).second) return;
+    if (parameters_.count(ptr) != 0 || !labelled_.insert(ptr).second) return;
   }
   Recorder::get().annotate_interned(format::kActivation, ops::innermost_module(fallback_), ptr, bytes);
 }

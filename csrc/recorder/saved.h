@@ -42,9 +42,12 @@ class Labeler {
   Labeler(const Labeler&) = delete;
   Labeler& operator=(const Labeler&) = delete;
 
-  // A forward of the model begins: the storages labelled already (its
-  // parameters) stay what they are.
-  void begin_forward(const std::vector<uint64_t>& labelled);
+  // The storages labelled already (the model's parameters): they stay what
+  // they are. Given when they change, not at every forward (a list through
+  // pybind11 cost ~100 thousand instructions a step).
+  void set_parameters(const std::vector<uint64_t>& storages);
+  // A forward of the model begins: each storage is labelled once in it.
+  void begin_forward();
   // The hook: a new reference to the tensor to save, or nullptr with a Python
   // error set. The caller holds the GIL.
   PyObject* pack(PyObject* tensor);
@@ -78,8 +81,8 @@ class Labeler {
   bool cuda_, cpu_;
   uint32_t fallback_;
   std::vector<PyObject*> plain_types_;  // strong references
-  std::mutex mutex_;                    // labelled_: the engine route packs without the GIL
-  std::unordered_set<uint64_t> labelled_;
+  std::mutex mutex_;  // the sets: the engine route packs without the GIL
+  std::unordered_set<uint64_t> parameters_, labelled_;
   bool routed_;
   std::atomic<uint64_t> packed_natively_{0}, packed_in_python_{0};
 };

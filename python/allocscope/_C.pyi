@@ -52,7 +52,10 @@ class SavedTensorLabeler:
     def __init__(self, cuda: bool, cpu: bool, fallback: str, plain_types: list[Any], route: bool = True) -> None:
         """route: autograd asks allocscope's engine for the hooks (csrc/recorder/saved_engine.h), which packs
         in C++ where this labeler's pack_hook is on top of the saved_tensors_hooks stack; until close()."""
-    def begin_forward(self, labelled: list[int]) -> None: ...
+    def set_parameters(self, storages: list[int]) -> None:
+        """The storages that stay what they are (the parameters'), until the next call."""
+    def begin_forward(self) -> None:
+        """A forward begins: each storage is labelled once in it."""
     def pack(self, tensor: Any) -> Any: ...
     @staticmethod
     def unpack(tensor: Any) -> Any: ...

@@ -22,9 +22,13 @@ class PythonSavedTensorLabeler:
 
     def __init__(self, watch: "Watch"):
         self._watch, self._labelled = watch, set()
+        self._parameters = set(watch._param_storages)
 
-    def begin_forward(self, labelled: list[int]) -> None:
-        self._labelled = set(labelled)
+    def set_parameters(self, storages: list[int]) -> None:
+        self._parameters = set(storages)
+
+    def begin_forward(self) -> None:
+        self._labelled = set(self._parameters)
 
     def pack(self, t: Any) -> Any:
         w = self._watch

@@ -296,6 +296,7 @@ class Watch:
                 labelled.add(s[0])
                 self._emit(EventKind.PARAMETER, self._qualify(fqn), *s)
         self._param_storages = set(labelled)
+        self._saved.set_parameters(list(labelled))  # (parameters stay parameters)
         for fqn, b in model.named_buffers():
             s = self._recorded_storage(b)
             if s is not None and s[0] not in labelled:
@@ -385,7 +386,7 @@ class Watch:
         first = Phases.phase != "forward"
         Phases.set_phase("forward")
         self._label_parameters(model)
-        self._saved.begin_forward(list(self._param_storages))  # parameters stay parameters
+        self._saved.begin_forward()
         # The step's inputs are those of the first watched forward; a watched
         # loss module's inputs (the model's outputs) are not.
         for path, t in _tensors(args) if first else ():
