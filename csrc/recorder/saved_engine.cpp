@@ -7,6 +7,7 @@
 #include <torch/csrc/utils/object_ptr.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <type_traits>
@@ -126,24 +127,24 @@ const typename Stack::container_type& entries(const Stack& stack) {
 
 class RoutingEngine final : public ag::Engine {
  public:
-  void set_base(ag::Engine& base) { base_ = &base; }
+  void set_base(ag::Engine& base) { base_.store(&base, std::memory_order_release); }
 
   ag::variable_list execute(const ag::edge_list& roots, const ag::variable_list& inputs, bool keep_graph,
                             bool create_graph, bool accumulate_grad, const ag::edge_list& outputs) override {
-    return base_->execute(roots, inputs, keep_graph, create_graph, accumulate_grad, outputs);
+    return base()->execute(roots, inputs, keep_graph, create_graph, accumulate_grad, outputs);
   }
 
   c10::intrusive_ptr<at::ivalue::Future> execute_with_graph_task(const std::shared_ptr<ag::GraphTask>& graph_task,
                                                                  NodeRef graph_root,
                                                                  ag::InputBuffer&& input_buffer) override {
-    return base_->execute_with_graph_task(graph_task, std::move(graph_root), std::move(input_buffer));
+    return base()->execute_with_graph_task(graph_task, std::move(graph_root), std::move(input_buffer));
   }
 
-  std::unique_ptr<ag::AnomalyMetadata> make_anomaly_metadata() override { return base_->make_anomaly_metadata(); }
+  std::unique_ptr<ag::AnomalyMetadata> make_anomaly_metadata() override { return base()->make_anomaly_metadata(); }
 
 #if __has_include(<torch/csrc/autograd/node_creation_hook.h>)
   std::vector<std::unique_ptr<ag::NodeCreationHook>> get_node_creation_hooks() override {
-    return base_->get_node_creation_hooks();
+    return base()->get_node_creation_hooks();
   }
 #endif
 
@@ -169,11 +170,15 @@ class RoutingEngine final : public ag::Engine {
         return std::make_unique<NativeHooks>(*labeler, interpreter);
       }
     }
-    return base_->get_default_saved_variable_hooks();
+    return base()->get_default_saved_variable_hooks();
   }
 
  private:
-  ag::Engine* base_ = nullptr;
+  ag::Engine* base() const { return base_.load(std::memory_order_acquire); }
+
+  // (set again only when the engine is held anew after someone replaced it:
+  // a thread may be inside one of these calls then)
+  std::atomic<ag::Engine*> base_{nullptr};
 };
 
 std::mutex g_mutex;
