@@ -12,6 +12,9 @@ ResNet-style CNN. Modes, interleaved over rounds (median reported):
                     Python hooks on autograd nodes instead of the op callback)
   allocscope-watch-pypack  allocscope-watch with the saved-tensor hook in Python (the watcher's before
                     2026-11-25: recording.watcher.PythonSavedTensorLabeler) instead of C++
+  allocscope-watch-pyroute  allocscope-watch with the (C) saved-tensor hook called through torch's Python
+                    mechanism (the watcher's before 2026-11-26: Watch.saved_hooks_in_cpp = False) instead
+                    of through allocscope's autograd engine (csrc/recorder/saved_engine.h)
   allocscope-watch-pygrads  allocscope-watch with gradients labelled by a Python hook per parameter (the
                     watcher's before 2026-11-25: Watch.native_gradients = False) instead of by the op callback
   allocscope-watch-nocheckpoints  allocscope-watch with checkpoint_every=0: the
@@ -151,7 +154,11 @@ def timed(mode, model, opt, make_input, loss_fn, steps, device, path, snapshot_p
     every = 0 if mode == "allocscope-watch-nocheckpoints" else CHECKPOINT_EVERY
     with allocscope.record(path, device=device, stacks=stacks, ops=ops, checkpoint_every=every) as rec:
         if mode.startswith("allocscope-watch"):
-            w = rec.watch(model, opt)
+            Watch.saved_hooks_in_cpp = mode != "allocscope-watch-pyroute"
+            try:
+                w = rec.watch(model, opt)
+            finally:
+                Watch.saved_hooks_in_cpp = True
             if mode == "allocscope-watch-pypack":
                 w._saved = PythonSavedTensorLabeler(w)
         t = run_steps(model, opt, make_input, loss_fn, steps, device)
@@ -202,7 +209,8 @@ def main():
     tmp = tempfile.mkdtemp()
     path = os.path.join(tmp, "step.alsc")
     modes = ["off", "allocscope-none", "allocscope-noops", "allocscope-python", "allocscope-watch",
-             "allocscope-watch-noops", "allocscope-watch-pypack", "allocscope-watch-pygrads",
+             "allocscope-watch-noops", "allocscope-watch-pypack", "allocscope-watch-pyroute",
+             "allocscope-watch-pygrads",
              "allocscope-watch-nocheckpoints"]
     modes += ["torch-history", "torch-history-cpp"] if args.device == "cuda" else []
     if args.modes:
@@ -248,6 +256,7 @@ def main():
             "ops_over_stacks_pct": _pct(med, "allocscope-python", "allocscope-noops"),
             "checkpoints_over_watch_pct": _pct(med, "allocscope-watch", "allocscope-watch-nocheckpoints"),
             "native_saved_hook_ms_per_step": _ms(med, "allocscope-watch", "allocscope-watch-pypack"),
+            "engine_saved_hooks_ms_per_step": _ms(med, "allocscope-watch", "allocscope-watch-pyroute"),
             "native_gradients_ms_per_step": _ms(med, "allocscope-watch", "allocscope-watch-pygrads"),
             # overheads over torch's recorder's, and watching's over recording's (record()'s defaults:
             # no ops unwatched), as issue 29 asks them
