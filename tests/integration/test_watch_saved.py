@@ -277,3 +277,37 @@ def test_save_on_cpu_keeps_a_watched_models_activations_off_the_gpu(tmp_path):
     held = after_forward(False)
     assert held < 4 * 512 * 256 * 4  # (less than the four layers' activations: they are on the host)
     assert after_forward(True) == held
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_on_cuda_the_engine_route_labels_as_the_python_route(tmp_path, name, python_saved_hooks):
+    """On the real caching allocator, the attribution models' training steps:
+    the same ACTIVATION labels, and every allocation's category, module and
+    tensor name, with the hooks packed in C++ as through torch's Python
+    mechanism."""
+    make_model, make_input = MODELS[name]
+
+    def run(python):
+        python_saved_hooks(python)
+        torch.manual_seed(0)
+        model = make_model().cuda()
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        path = tmp_path / f"{python}.alsc"
+        with allocscope.record(path, device="cuda") as rec:
+            rec.watch(model, opt)
+            for _ in range(2):
+                model(make_input().cuda()).float().square().mean().backward()
+                opt.step()
+                opt.zero_grad()
+        return labels_and_meaning(allocscope.load(path), EventKind.ACTIVATION)
+
+    torch.manual_seed(0)
+    warm = make_model().cuda()
+    warm(make_input().cuda()).float().square().mean().backward()  # (what the first step keeps: cuBLAS's workspace)
+    del warm
+    labels, meaning = run(python=False)
+    ref_labels, ref_meaning = run(python=True)
+    assert labels and labels == ref_labels
+    assert any(m[0] == "activation" for m in meaning)
+    assert meaning == ref_meaning
