@@ -77,25 +77,13 @@ PyObject* Labeler::pack(PyObject* obj) {
     return nullptr;
   }
   packed_in_python_.fetch_add(1, std::memory_order_relaxed);
-  const at::Tensor& t = THPVariable_Unpack(obj);
-  label(t);
-  // What is packed must not hold the tensor's own grad_fn: for an output
-  // that node is the one saving it, which would then own itself (a cycle
-  // of C++ references, never freed). A tensor without a grad_fn (a leaf, or
-  // one made without autograd) is packed as it is, as torch saves it
-  // without hooks.
-  if (!t.grad_fn()) {
-    Py_INCREF(obj);
-    return obj;
-  }
-  if (!plain(reinterpret_cast<PyObject*>(Py_TYPE(obj)))) {
-    return PyObject_CallMethod(obj, "detach", nullptr);  // (a subclass keeps its own detach)
-  }
   try {
-    // The same storage and version counter without autograd's metadata: what
-    // torch saves of an output without hooks (tensor_data()), a shallow copy
-    // where detach() would dispatch a view op (~2 thousand instructions).
-    return THPVariable_Wrap(t.tensor_data());
+    // (a tensor kept as it is wraps back to obj itself; a subclass's detach()
+    // result to the object it returned: torch keeps it with its TensorImpl)
+    return THPVariable_Wrap(keep(THPVariable_Unpack(obj)));
+  } catch (python_error& e) {
+    e.restore();
+    return nullptr;
   } catch (const std::exception& e) {
     PyErr_SetString(PyExc_RuntimeError, e.what());
     return nullptr;
@@ -104,12 +92,20 @@ PyObject* Labeler::pack(PyObject* obj) {
 
 at::Tensor Labeler::pack_native(const at::Tensor& t) {
   packed_natively_.fetch_add(1, std::memory_order_relaxed);
+  return keep(t);
+}
+
+at::Tensor Labeler::keep(const at::Tensor& t) {
   label(t);
-  if (!t.grad_fn()) return t;  // (as pack: see there)
+  // What is kept must not hold the tensor's own grad_fn: for an output that
+  // node is the one saving it, which would then own itself (a cycle of C++
+  // references, never freed). A tensor without a grad_fn (a leaf, or one
+  // made without autograd) is kept as it is, as torch saves it without hooks.
+  if (!t.grad_fn()) return t;
   // A tensor whose Python object is of a subclass is detached by the
-  // subclass's detach(), as pack does. The object, if any, lives as long as
-  // the TensorImpl that points to it (torch keeps a tensor's Python object
-  // while C++ holds the tensor), and its type does not change.
+  // subclass's own detach(). The object, if any, lives as long as the
+  // TensorImpl that points to it (torch keeps a tensor's Python object while
+  // C++ holds the tensor), and its type does not change.
   PyObject* existing = t.unsafeGetTensorImpl()->pyobj_slot()->load_pyobj();
   if (existing != nullptr && !plain(reinterpret_cast<PyObject*>(Py_TYPE(existing)))) {
     pybind11::gil_scoped_acquire gil;
@@ -120,6 +116,9 @@ at::Tensor Labeler::pack_native(const at::Tensor& t) {
     TORCH_CHECK_TYPE(THPVariable_Check(detached.get()), "a saved tensor's detach() returned something else");
     return THPVariable_Unpack(detached.get());
   }
+  // The same storage and version counter without autograd's metadata: what
+  // torch saves of an output without hooks, a shallow copy where detach()
+  // would dispatch a view op (~2 thousand instructions).
   return t.tensor_data();
 }
 

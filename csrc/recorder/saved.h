@@ -76,6 +76,8 @@ class Labeler {
   static PyObject* unpack_hook();
 
  private:
+  // What both packs do: label the tensor, and return what to keep of it.
+  at::Tensor keep(const at::Tensor& t);
   bool plain(PyObject* type) const;
 
   bool cuda_, cpu_;
