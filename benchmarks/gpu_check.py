@@ -229,7 +229,7 @@ def main() -> int:
             # took the first 300 s of the suite on the H100 and tell nothing of the card)
             extra = [] if args.all_tests else ["-m", "(cuda or gpu_hardware) and not heavy"]
         step(summary, "pytest", [python, "-m", "pytest", "-v", "tests", "-p", "no:cacheprovider", "--tb=short",
-                                 f"--junitxml={os.path.join(out, 'pytest.xml')}", *extra], out, 1200, real_env)
+                                 "--failures-at-once", f"--junitxml={os.path.join(out, 'pytest.xml')}", *extra], out, 1200, real_env)
         write_summary()
 
     print(json.dumps({"steps": summary, "fixtures": {k: v.get("same_segment_events") for k, v in comparison.items()

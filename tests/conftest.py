@@ -31,6 +31,31 @@ def physical_gpu() -> bool:
     return _cuda_available() and not vgpu.active()
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--failures-at-once", action="store_true",
+                     help="print each failure's traceback as it happens, not only in the summary at the end "
+                          "(benchmarks/gpu_check.py: a device call cut at its time limit still brings back "
+                          "why a test failed)")
+
+
+class _FailuresAtOnce:
+    def __init__(self, terminal: pytest.TerminalReporter) -> None:
+        self.terminal = terminal
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.failed:
+            self.terminal.write_line("")
+            self.terminal.write_line(f"--- {report.nodeid} ({report.when}) failed:")
+            self.terminal.write_line(report.longreprtext)
+
+
+@pytest.hookimpl(trylast=True)  # after the terminal reporter is registered
+def pytest_configure(config: pytest.Config) -> None:
+    terminal = config.pluginmanager.getplugin("terminalreporter")
+    if config.getoption("--failures-at-once") and terminal is not None:
+        config.pluginmanager.register(_FailuresAtOnce(terminal), "failures-at-once")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     cuda, hardware = _cuda_available(), physical_gpu()
     for item in items:
