@@ -7,8 +7,10 @@ without ops on the CPU: with no hooks, with a forward pre-hook and an
 (always-called) forward hook that do nothing (Module._call_impl's slow
 path), with hooks of two Python lines around a C call (what the watcher's
 module hooks were), watched (rec.watch(), the module a child of the watched
-root: its forward wrapped, recording/module_scopes.py), and watched with
-Python hooks (Watch.native_module_hooks = False, the wrapper's reference). Needs valgrind's headers and gcc, as bench_step_instructions.py.
+root: its forward wrapped in the C partial, recording/module_scopes.py),
+watched with the Python wrapper around C functions that it replaced
+(ForwardWrapper.in_c = False), and watched with Python hooks
+(Watch.native_module_hooks = False, the wrappers' reference). Needs valgrind's headers and gcc, as bench_step_instructions.py.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-MODES = ("no_hooks", "empty_hooks", "two_line_hooks", "watched", "watched_python_hooks")
+MODES = ("no_hooks", "empty_hooks", "two_line_hooks", "watched", "watched_python_wrapper", "watched_python_hooks")
 
 
 def child(mode: str, calls: int, lib: str) -> None:
@@ -63,6 +65,11 @@ def child(mode: str, calls: int, lib: str) -> None:
                 m.register_forward_pre_hook(pre)
                 m.register_forward_hook(post, always_call=True)
         elif mode == "watched":
+            rec.watch(root)
+        elif mode == "watched_python_wrapper":
+            from allocscope.recording.module_scopes import ForwardWrapper
+
+            ForwardWrapper.in_c = False
             rec.watch(root)
         elif mode == "watched_python_hooks":
             from allocscope.recording.watcher import Watch

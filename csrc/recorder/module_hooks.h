@@ -27,4 +27,12 @@ namespace allocscope::module_hooks {
 // Python error set.
 PyObject* make(uint32_t label, bool leaf);
 
+// The module's wrapped forward: a functools.partial(cls_forward, module)
+// whose call writes the ENTER and EXIT around it, as enter() and exit() do
+// (`output_bytes(args, output)`: a leaf's new output bytes where exit()
+// could not read them); its _allocscope_stop() leaves only the call. None
+// where this Python's partial is not laid out as the type needs (the caller
+// wraps in Python then). New reference; nullptr with a Python error set.
+PyObject* wrap_forward(PyObject* cls_forward, PyObject* module, uint32_t label, bool leaf, PyObject* output_bytes);
+
 }  // namespace allocscope::module_hooks

@@ -16,6 +16,10 @@ def ops_active() -> bool:
 def module_hooks(name: str, leaf: bool) -> tuple[Any, Any]:
     """(enter, exit) C functions for a watched module's wrapped forward or hooks (csrc/recorder/module_hooks.h):
     enter(module, args); exit(module, args, output) -> False when a leaf's output bytes are for the caller."""
+def wrap_forward(cls_forward: Any, module: Any, name: str, leaf: bool, output_bytes: Any) -> Any:
+    """A watched module's forward: a functools.partial(cls_forward, module) whose call writes its scopes
+    (csrc/recorder/module_hooks.h); `_allocscope_stop()` leaves only the call. None where this Python's
+    partial is not laid out as the type needs."""
 def innermost_module(none: str) -> str:
     """The innermost watched module whose forward runs on this thread (`none` when none does)."""
 def enable_backward_scopes() -> None:

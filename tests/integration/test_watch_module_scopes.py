@@ -7,9 +7,11 @@ hooks' in test_watch_module_hooks.py, a compiled model's graphs in
 test_watch_compile.py."""
 
 import copy
+import functools
 import gc
 import inspect
 import pickle
+import weakref
 
 import numpy as np
 import pytest
@@ -18,6 +20,7 @@ from torch import nn
 
 import allocscope
 from allocscope import EventKind
+from allocscope.recording.module_scopes import ForwardWrapper
 from allocscope.recording.watcher import Watch
 
 
@@ -49,8 +52,13 @@ def test_a_watched_module_looks_as_before(tmp_path):
         rec.watch(model)
         block = model[0]
         assert "forward" in vars(block)  # (wrapped: the test would say nothing otherwise)
+        assert isinstance(vars(block)["forward"], functools.partial)  # (the C wrapper: module_scopes.py)
         assert inspect.signature(block.forward) == inspect.signature(Block.forward.__get__(block))
         assert block.forward.__name__ == "forward" and block.forward.__self__ is block
+        assert block.forward.__func__ is Block.forward
+        # (attributes of the wrapper's type: functools.update_wrapper, as
+        # accelerate wraps a forward, copies an instance's __dict__ along)
+        assert not {"__self__", "__func__"} & set(vars(block.forward))
 
         twin = copy.deepcopy(model)
         with torch.no_grad():
@@ -66,17 +74,23 @@ def test_a_watched_module_looks_as_before(tmp_path):
         restored = pickle.loads(data)
         assert torch.equal(restored(x), block(x))
     assert all("forward" not in vars(m) for m in model.modules())  # the class's forward again
-    assert scopes(tmp_path / "s.alsc")[:6] == [("enter", "Sequential"), ("enter", "Sequential.0"),
-                                               ("enter", "Sequential.0.lin"), ("exit", "Sequential.0.lin"),
-                                               ("enter", "Sequential.0.act"), ("exit", "Sequential.0.act")]
+    written = scopes(tmp_path / "s.alsc")
+    # The copy's call: the root's hooks, deep-copied with it, write; its
+    # modules run the class's forward (a copy's calls are not the watched
+    # modules' calls). Then the model's.
+    assert written[:2] == [("enter", "Sequential"), ("exit", "Sequential")]
+    assert written[2:8] == [("enter", "Sequential"), ("enter", "Sequential.0"),
+                            ("enter", "Sequential.0.lin"), ("exit", "Sequential.0.lin"),
+                            ("enter", "Sequential.0.act"), ("exit", "Sequential.0.act")]
 
 
-@pytest.mark.parametrize("wrapped", [True, False])
-def test_an_exception_closes_the_scopes_it_opened(tmp_path, wrapped):
-    # As a forward hook with always_call=True: the wrapper and the Python
-    # hooks (its reference) write the same.
+@pytest.mark.parametrize("way", ["c_partial", "python_wrapper", "hooks"])
+def test_an_exception_closes_the_scopes_it_opened(tmp_path, way):
+    # As a forward hook with always_call=True: the wrappers and the Python
+    # hooks (their reference) write the same.
     model = nn.Sequential(Block(), Failing())
-    Watch.native_module_hooks = wrapped
+    Watch.native_module_hooks = way != "hooks"
+    ForwardWrapper.in_c = way == "c_partial"
     try:
         with allocscope.record(tmp_path / "e.alsc", device="cpu") as rec:
             rec.watch(model)
@@ -84,8 +98,44 @@ def test_an_exception_closes_the_scopes_it_opened(tmp_path, wrapped):
                 model(torch.randn(2, 8))
     finally:
         Watch.native_module_hooks = True
+        ForwardWrapper.in_c = True
     assert scopes(tmp_path / "e.alsc")[-3:] == [("enter", "Sequential.1"), ("exit", "Sequential.1"),
                                                 ("exit", "Sequential")]
+
+
+class Many(nn.Module):
+    def forward(self, a, b, c, d, e, f, g, h, i, j, *rest, scale=1.0, **extra):
+        return (a + b + c + d + e + f + g + h + i + j + sum(rest)) * scale + sum(extra.values())
+
+
+def test_a_wrapped_forward_passes_every_argument_through(tmp_path):
+    # (more positional arguments than the C wrapper's stack holds: it takes
+    # the heap; keyword-only and ** arguments reach the forward too)
+    model = nn.Sequential(Many())
+    args = [torch.full((2,), float(i)) for i in range(12)]
+    want = Many()(*args, scale=2.0, bias=torch.ones(2))
+    with allocscope.record(tmp_path / "m.alsc", device="cpu") as rec:
+        rec.watch(nn.ModuleList([model]))
+        assert isinstance(vars(model[0])["forward"], functools.partial)
+        assert torch.equal(model[0](*args, scale=2.0, bias=torch.ones(2)), want)
+        assert torch.equal(model[0](*args[:10]), Many()(*args[:10]))
+        with pytest.raises(TypeError):
+            model[0](*args[:3])  # the forward's own error, as unwatched
+    assert scopes(tmp_path / "m.alsc") == [("enter", "ModuleList.0.0"), ("exit", "ModuleList.0.0")] * 3
+
+
+def test_the_watch_does_not_keep_a_dropped_model_alive(tmp_path):
+    # (the wrapper holds its module, the module its wrapper: a cycle the
+    # collector frees; the watch holds the model weakly)
+    model = nn.Sequential(Block(), Block())
+    gone = weakref.ref(model[0].lin)
+    with allocscope.record(tmp_path / "d.alsc", device="cpu") as rec:
+        rec.watch(model)
+        assert isinstance(vars(model[0].lin)["forward"], functools.partial)
+        model(torch.randn(2, 8))
+        del model
+        gc.collect()
+        assert gone() is None
 
 
 def test_someone_elses_forward_wrapper_keeps_working(tmp_path):

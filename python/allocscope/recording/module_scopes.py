@@ -6,18 +6,25 @@ would do it, but a module with hooks takes Module._call_impl's slow path:
 26.7 thousand instructions a call with hooks that do nothing against 9.8
 thousand without (callgrind, benchmarks/bench_module_call_instructions.py).
 So the watcher wraps the module's forward instead, as accelerate's hooks do:
-the module's instance attribute `forward` becomes a bound method of a
-wrapper that writes the scopes (C functions, csrc/recorder/module_hooks.h)
-around the class's forward. Module.__call__ keeps its fast path.
+the module's instance attribute `forward` becomes a functools.partial of the
+class's forward and the module, of a type whose call (C,
+csrc/recorder/module_hooks.h) writes the scopes around it. Module.__call__
+keeps its fast path, and a watched call costs no Python frame of
+allocscope's (a Python wrapper that called C functions cost 5.3 thousand
+instructions a call over an unwatched one; the C partial, see
+results/module_call_instructions_issue29_s9.json). The Python wrapper
+remains where this Python's partial is not laid out as the C type needs.
 
 What the wrapper keeps of the module as it was:
-- bound to the module (a bound method in its __dict__): copy.deepcopy binds
-  the copy's to the copy, and pickling stores getattr(module, "forward"),
-  which unpickles without allocscope as the class's forward;
-- its signature (inspect.signature follows __wrapped__ to the class's
-  forward: Hugging Face reads forward's parameters);
-- torch.compile: inside a compiled region it only calls the forward (an
-  annotation, a call into C, would break the graph);
+- its signature (inspect.signature reads a partial's as a bound method's:
+  Hugging Face reads forward's parameters), and a bound method's __self__,
+  __func__ and __name__;
+- copy.deepcopy and pickling: the wrapper reduces to getattr(module,
+  "forward"), so a pickle holds nothing of allocscope and unpickles as the
+  class's forward, and a deep copy runs the class's forward on the copy;
+- torch.compile: Dynamo reads a partial as the call it stands for and traces
+  the class's forward alone (no graph break; the Python wrapper checks
+  torch.compiler.is_compiling() instead);
 - an exception: MODULE_EXIT is written as a forward hook with
   always_call=True would write it (for Exception, not BaseException).
 
@@ -41,7 +48,7 @@ from typing import Any, Callable, Iterator
 
 from ..capture.format import MODULE_LEAF, EventKind
 
-__all__ = ["ForwardWrapper", "can_wrap", "new_output_bytes", "storage", "tensors"]
+__all__ = ["ForwardWrapper", "can_wrap", "new_output_bytes", "storage", "tensors", "wrapper_stop"]
 
 # Plain ints for the hot path (IntEnum members convert on every call)
 _EXIT = int(EventKind.MODULE_EXIT)
@@ -105,19 +112,43 @@ def can_wrap(module: Any) -> bool:
 
 class ForwardWrapper:
     """The wrapped forward of one module; remove() puts the class's back.
-    enter(module, args) and leave(module, args, output) are the C
-    functions; leave returns False for a leaf whose new output bytes it
-    cannot read, which annotate then writes from Python."""
 
-    def __init__(self, module: Any, name: str, leaf: bool, enter: Callable[..., Any], leave: Callable[..., bool],
-                 annotate: Callable[..., Any]) -> None:
+    In C where this Python allows (`_C.wrap_forward`: a functools.partial of
+    the class's forward and the module, whose call writes the scopes; the
+    `in_c` class attribute False is the Python wrapper below, its reference).
+    The Python wrapper calls enter(module, args) and leave(module, args,
+    output), the C functions of `_C.module_hooks`; leave returns False for a
+    leaf whose new output bytes it cannot read, which annotate then writes
+    from Python."""
+
+    in_c = True
+
+    def __init__(self, module: Any, name: str, leaf: bool, native: Any, annotate: Callable[..., Any]) -> None:
+        cls_forward = type(module).forward
+        self._module = weakref.ref(module)  # (the watch holds its model weakly)
+        wrapper = native.wrap_forward(cls_forward, module, name, leaf, new_output_bytes) if self.in_c else None
+        if wrapper is not None:
+            # As a bound method reads (its __self__ and __func__ are the type's)
+            vars(wrapper).update(__name__=cls_forward.__name__, __qualname__=cls_forward.__qualname__,
+                                 __doc__=cls_forward.__doc__, __module__=cls_forward.__module__)
+            # (weakly: the wrapper holds the module, which the watch does not keep alive)
+            self._forward: Any = weakref.ref(wrapper)
+            self._stop = lambda: wrapper_stop(self._forward())
+            module.forward = wrapper
+            return
+        forward = self._python_forward(module, name, leaf, *native.module_hooks(name, leaf), annotate)
+        self._forward = lambda: forward
+        module.forward = forward.__get__(module)
+
+    def _python_forward(self, module: Any, name: str, leaf: bool, enter: Callable[..., Any],
+                        leave: Callable[..., bool], annotate: Callable[..., Any]) -> Callable[..., Any]:
         import torch
 
         flags = MODULE_LEAF if leaf else 0
         is_compiling = torch.compiler.is_compiling
         cls_forward = type(module).forward
         live = [True]  # emptied by remove(): a wrapper someone else wrapped since runs the forward alone
-        self._live = live
+        self._stop = live.clear
 
         def forward(module: Any, *args: Any, **kwargs: Any) -> Any:
             if not live or is_compiling():
@@ -135,12 +166,18 @@ class ForwardWrapper:
 
         # (__name__ "forward": a pickled bound method is getattr(module, __name__))
         functools.update_wrapper(forward, cls_forward)
-        self._forward = forward
-        self._module = weakref.ref(module)  # (the watch holds its model weakly)
-        module.forward = forward.__get__(module)
+        return forward
 
     def remove(self) -> None:
-        self._live.clear()
+        self._stop()
         module = self._module()
-        if module is not None and getattr(module.__dict__.get("forward"), "__func__", None) is self._forward:
+        if module is None:
+            return
+        forward, ours = module.__dict__.get("forward"), self._forward()
+        if ours is not None and (forward is ours or getattr(forward, "__func__", None) is ours):
             del module.__dict__["forward"]
+
+
+def wrapper_stop(wrapper: Any) -> None:
+    if wrapper is not None:
+        wrapper._allocscope_stop()

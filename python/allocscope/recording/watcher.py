@@ -140,9 +140,7 @@ class Watch:
         for fqn, m in model.named_modules():
             leaf = next(iter(m.children()), None) is None
             if m is not model and self.native_module_hooks and can_wrap(m):
-                self._module_handles.append(ForwardWrapper(m, self._qualify(fqn), leaf,
-                                                           *native().module_hooks(self._qualify(fqn), leaf),
-                                                           self._annotate))
+                self._module_handles.append(ForwardWrapper(m, self._qualify(fqn), leaf, native(), self._annotate))
                 continue
             pre, post = self._module_hooks(self._qualify(fqn), leaf, m is model)
             if m is model:
