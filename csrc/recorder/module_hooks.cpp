@@ -130,9 +130,20 @@ void write_exit(const WrapperState& s, PyObject* args, PyObject* output) {
   Recorder::get().module_scope(false, s.label, s.leaf ? format::kModuleLeaf : 0, static_cast<uint64_t>(produced));
 }
 
+// The module, or nullptr with a TypeError for a wrapper not made by
+// wrap_forward (the type is reachable from Python, as type(module.forward)).
+PyObject* module_of(PyObject* self) {
+  PyObject* bound = reinterpret_cast<PartialHead*>(self)->args;
+  if (PyTuple_Check(bound) && PyTuple_GET_SIZE(bound) == 1) return PyTuple_GET_ITEM(bound, 0);
+  PyErr_SetString(PyExc_TypeError, "a watched forward binds its module alone");
+  return nullptr;
+}
+
 PyObject* wrapper_call(PyObject* self, PyObject* args, PyObject* kwargs) {
   auto* head = reinterpret_cast<PartialHead*>(self);
   const WrapperState& s = *state_of(self);
+  PyObject* module = module_of(self);
+  if (module == nullptr) return nullptr;
   // cls_forward(module, *args, **kwargs)
   Py_ssize_t n = PyTuple_GET_SIZE(args);
   PyObject* small[9];
@@ -142,7 +153,7 @@ PyObject* wrapper_call(PyObject* self, PyObject* args, PyObject* kwargs) {
     large.reset(new PyObject*[n + 2]);
     stack = large.get();
   }
-  stack[1] = PyTuple_GET_ITEM(head->args, 0);
+  stack[1] = module;
   for (Py_ssize_t i = 0; i < n; ++i) stack[i + 2] = PyTuple_GET_ITEM(args, i);
   size_t nargsf = static_cast<size_t>(n + 1) | PY_VECTORCALL_ARGUMENTS_OFFSET;
   if (!s.live) return PyObject_VectorcallDict(head->fn, stack + 1, nargsf, kwargs);
@@ -171,8 +182,9 @@ PyObject* wrapper_reduce(PyObject* self, PyObject*) {
     PyErr_SetString(PyExc_RuntimeError, "builtins.getattr is missing");
     return nullptr;
   }
-  return Py_BuildValue("O(Os)", getattr_fn, PyTuple_GET_ITEM(reinterpret_cast<PartialHead*>(self)->args, 0),
-                       "forward");
+  PyObject* module = module_of(self);
+  if (module == nullptr) return nullptr;
+  return Py_BuildValue("O(Os)", getattr_fn, module, "forward");
 }
 
 // A bound method's __self__ and __func__ (torch.compile's get_traced_fn reads
@@ -180,8 +192,8 @@ PyObject* wrapper_reduce(PyObject* self, PyObject*) {
 // instance's __dict__, which functools.update_wrapper would copy to another
 // wrapper around this one (accelerate's), passing the forward by.
 PyObject* wrapper_self(PyObject* self, void*) {
-  PyObject* module = PyTuple_GET_ITEM(reinterpret_cast<PartialHead*>(self)->args, 0);
-  Py_INCREF(module);
+  PyObject* module = module_of(self);
+  Py_XINCREF(module);
   return module;
 }
 

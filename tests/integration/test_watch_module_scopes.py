@@ -121,6 +121,9 @@ def test_a_wrapped_forward_passes_every_argument_through(tmp_path):
         assert torch.equal(model[0](*args[:10]), Many()(*args[:10]))
         with pytest.raises(TypeError):
             model[0](*args[:3])  # the forward's own error, as unwatched
+        stray = type(vars(model[0])["forward"])(Many.forward)  # (its type is reachable: made elsewhere)
+        with pytest.raises(TypeError, match="binds its module alone"):
+            stray(*args[:10])
     assert scopes(tmp_path / "m.alsc") == [("enter", "ModuleList.0.0"), ("exit", "ModuleList.0.0")] * 3
 
 
