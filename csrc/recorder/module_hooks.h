@@ -1,16 +1,18 @@
-// What a watched model's modules (the root's aside) run at each call, as C
-// functions: recording/module_scopes.py wraps each module's forward in a
-// Python function that calls enter() before it and exit() after (a module
-// with forward hooks would take Module._call_impl's slow path, 16.9
-// thousand instructions a call: benchmarks/bench_module_call_instructions.py).
-// The wrapper stays Python because torch.compile traces a module's forward
-// and a C function there would break the graph; inside a compiled region it
-// only calls the forward. The functions write the MODULE_ENTER/EXIT event
-// with the label interned at watch time. The exit of a leaf module also
-// measures its new output bytes (what the textbook estimate adds up) where
-// the output and the one input are plain tensors; otherwise it leaves that
-// to Python. Modules whose forward cannot be wrapped call them from forward
-// hooks with the same arguments.
+// What a watched model's modules (the root's aside) run at each call, in C.
+// recording/module_scopes.py puts in each module's instance attribute
+// `forward` a functools.partial(cls_forward, module) of wrap_forward's type,
+// whose call writes the MODULE_ENTER/EXIT events around the forward (a
+// module with forward hooks would take Module._call_impl's slow path, and a
+// Python wrapper costs a frame: benchmarks/bench_module_call_instructions.py).
+// A partial because torch.compile reads one as the call it stands for and
+// traces the class's forward alone, where a C callable of another type would
+// break the graph at every module. The label is interned at watch time. The
+// exit of a leaf module also measures its new output bytes (what the
+// textbook estimate adds up) where the output and the one input are plain
+// tensors; otherwise Python's new_output_bytes does. make() gives the same
+// writes as two functions, enter() and exit(), for modules whose forward
+// cannot be wrapped (called from forward hooks) and for the Python wrapper
+// where this Python's partial is laid out otherwise.
 #pragma once
 
 #include <Python.h>
