@@ -48,7 +48,7 @@ from typing import Any, Callable, Iterator
 
 from ..capture.format import MODULE_LEAF, EventKind
 
-__all__ = ["ForwardWrapper", "can_wrap", "new_output_bytes", "storage", "tensors", "wrapper_stop"]
+__all__ = ["ForwardWrapper", "can_wrap", "new_output_bytes", "storage", "tensors"]
 
 # Plain ints for the hot path (IntEnum members convert on every call)
 _EXIT = int(EventKind.MODULE_EXIT)
@@ -133,7 +133,7 @@ class ForwardWrapper:
                                  __doc__=cls_forward.__doc__, __module__=cls_forward.__module__)
             # (weakly: the wrapper holds the module, which the watch does not keep alive)
             self._forward: Any = weakref.ref(wrapper)
-            self._stop = lambda: wrapper_stop(self._forward())
+            self._stop = lambda: _stop_wrapper(self._forward())
             module.forward = wrapper
             return
         forward = self._python_forward(module, name, leaf, *native.module_hooks(name, leaf), annotate)
@@ -178,6 +178,6 @@ class ForwardWrapper:
             del module.__dict__["forward"]
 
 
-def wrapper_stop(wrapper: Any) -> None:
+def _stop_wrapper(wrapper: Any) -> None:
     if wrapper is not None:
         wrapper._allocscope_stop()
