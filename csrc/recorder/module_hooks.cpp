@@ -85,7 +85,7 @@ PyMethodDef g_exit_def = {"exit", reinterpret_cast<PyCFunction>(reinterpret_cast
 // forward alone, without a graph break, where a C function of any other
 // type would break the graph; inspect.signature reads a partial's signature
 // as a bound method's. Its call is C: the Python wrapper it replaces cost
-// about 3.8 thousand instructions a call in frames, argument packing and
+// about 3.7 thousand instructions a call in frames, argument packing and
 // torch.compiler.is_compiling() (benchmarks/bench_module_call_instructions.py).
 
 // What CPython's functools.partial object starts with (Modules/_functoolsmodule.c,
@@ -99,8 +99,7 @@ struct PartialHead {
 
 // Ours, after the partial's own fields (at the partial type's basicsize).
 struct WrapperState {
-  uint32_t label;
-  bool leaf;
+  Scope scope;
   bool live;  // cleared by stop(): a wrapper someone else wrapped since only calls the forward
 };
 
@@ -114,7 +113,7 @@ WrapperState* state_of(PyObject* self) {
 
 void write_exit(const WrapperState& s, PyObject* args, PyObject* output) {
   int64_t produced = 0;
-  if (s.leaf && output != nullptr) {
+  if (s.scope.leaf && output != nullptr) {
     produced = new_output_bytes(args, output);
     if (produced < 0) {
       PyObject* n = PyObject_CallFunctionObjArgs(g_output_bytes, args, output, nullptr);
@@ -127,7 +126,7 @@ void write_exit(const WrapperState& s, PyObject* args, PyObject* output) {
       }
     }
   }
-  Recorder::get().module_scope(false, s.label, s.leaf ? format::kModuleLeaf : 0, static_cast<uint64_t>(produced));
+  Recorder::get().module_scope(false, s.scope.label, flags(s.scope), static_cast<uint64_t>(produced));
 }
 
 // The module, or nullptr with a TypeError for a wrapper not made by
@@ -157,7 +156,7 @@ PyObject* wrapper_call(PyObject* self, PyObject* args, PyObject* kwargs) {
   for (Py_ssize_t i = 0; i < n; ++i) stack[i + 2] = PyTuple_GET_ITEM(args, i);
   size_t nargsf = static_cast<size_t>(n + 1) | PY_VECTORCALL_ARGUMENTS_OFFSET;
   if (!s.live) return PyObject_VectorcallDict(head->fn, stack + 1, nargsf, kwargs);
-  Recorder::get().module_scope(true, s.label, s.leaf ? format::kModuleLeaf : 0, 0);
+  Recorder::get().module_scope(true, s.scope.label, flags(s.scope), 0);
   PyObject* output = PyObject_VectorcallDict(head->fn, stack + 1, nargsf, kwargs);
   if (output == nullptr) {
     // As a forward hook with always_call=True: for an Exception, not a BaseException
@@ -273,7 +272,7 @@ PyObject* wrap_forward(PyObject* cls_forward, PyObject* module, uint32_t label, 
   }
   PyObject* wrapper = PyObject_CallFunctionObjArgs(reinterpret_cast<PyObject*>(type), cls_forward, module, nullptr);
   if (wrapper == nullptr) return nullptr;
-  *state_of(wrapper) = WrapperState{label, leaf, true};
+  *state_of(wrapper) = WrapperState{Scope{label, leaf}, true};
   return wrapper;
 }
 
