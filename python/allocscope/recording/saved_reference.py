@@ -30,6 +30,9 @@ class PythonSavedTensorLabeler:
     def begin_forward(self) -> None:
         self._labelled = set(self._parameters)
 
+    def close(self) -> None:
+        """(no engine route to release: the C labeler's close())"""
+
     def pack(self, t: Any) -> Any:
         w = self._watch
         if not (("cuda" in w._device_types and t.is_cuda) or ("cpu" in w._device_types and t.is_cpu)):

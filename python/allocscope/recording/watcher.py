@@ -214,8 +214,7 @@ class Watch:
         for h in self._handles:
             h.remove()
         self._handles.clear()
-        if hasattr(self._saved, "close"):  # (the engine route: csrc/recorder/saved_engine.h)
-            self._saved.close()
+        self._saved.close()  # (the engine route: csrc/recorder/saved_engine.h)
         if self._native_scopes:
             native().disable_backward_scopes()
         Phases.discard(self)
