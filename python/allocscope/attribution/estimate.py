@@ -148,12 +148,12 @@ def waterfall(att: Attribution, m: Moment, th: dict[str, Any], tl: Timeline) -> 
                                                    ", remainders of blocks the replay did not know)")})
         measured["reserved_bytes"] = reserved
         basis, total = "reserved", reserved
-        base = att.capture.baseline("end") or att.capture.baseline("start")
+        base = att.capture.baseline("end") or att.capture.recording_start()
         outside = outside_allocator(base) if base else None
         if outside is not None:
             detail = ("device memory used outside PyTorch's allocator: the CUDA context, libraries, other "
                       f"processes (read at the {base.get('label')} of recording)")
-            start = att.capture.baseline("start")
+            start = att.capture.recording_start()  # (a read from a checkpoint: not the checkpoint's)
             at_start = outside_allocator(start) if start is not None and start is not base else None
             if at_start is not None and at_start < outside:
                 # On a GPU this grows as CUDA loads kernels and libraries

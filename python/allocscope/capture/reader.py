@@ -94,6 +94,16 @@ class Capture:
         # left out: it is baseline("start")), with "prefix": how many of the
         # events come from it (checkpoints.py). None: read from the start.
         self.resumed: dict[str, Any] | None = None
+        # A read from a checkpoint: the baseline taken when recording started
+        # (its device readings: memory outside the allocator grows after it
+        # on a GPU), read though the events around it are not.
+        self._recording_start: dict[str, Any] | None = None
+
+    def recording_start(self) -> dict[str, Any] | None:
+        """The baseline taken when recording started, also in a read from a
+        checkpoint (whose baseline("start") is the checkpoint's; that one
+        where the recording's was damaged)."""
+        return self._recording_start or self.baseline("start")
 
     @property
     def partial(self) -> bool:
@@ -233,6 +243,7 @@ class _Decoder:
         self.last: dict[str, np.ndarray] = {}  # the columns of the last events chunk
         self.frame_rows: list[tuple[int, int, int]] = []
         self.node_rows: list[tuple[int, int]] = []
+        self.seen_baseline = False  # (a read from a checkpoint: the first one before it)
 
     def run(self) -> Capture:
         self._header()
@@ -299,6 +310,8 @@ class _Decoder:
                     f"the file ends inside a chunk (byte {pos}, {length} bytes declared, {end - start} present)")
                 return
             if self.resume is not None and pos < self.resume.tail_offset and kind in _BEFORE_CHECKPOINT:
+                if kind == F.Chunk.BASELINE and not self.seen_baseline:
+                    self._recording_start(self.data[start:start + length], crc)
                 pos = start + length  # what the checkpoint stands for: neither read nor checked
                 continue
             payload = self.data[start:start + length]
@@ -373,6 +386,20 @@ class _Decoder:
             c.footer = footer
         # Unknown chunk types are skipped: a newer writer may add some without
         # breaking older readers (docs/format.md, "Compatibility").
+
+    def _recording_start(self, payload: memoryview, crc: int) -> None:
+        """The first baseline, skipped by a read from a checkpoint: kept
+        aside when it is the start's and intact (the checkpoint replaces it
+        for everything but its device readings)."""
+        self.seen_baseline = True
+        if F.chunk_crc(F.Chunk.BASELINE, len(payload), payload) != crc:
+            return
+        try:
+            base = F.parse_json_object(payload, "baseline")
+        except ValueError:  # FormatError
+            return
+        if base.get("label") == "start":
+            self.capture._recording_start = base
 
     def _resume(self) -> None:
         """Before the first events after the checkpoint's point: its events

@@ -72,7 +72,7 @@ def card_result(gpu: str, status: int, cap: Capture | None, *, capture_path: str
         report = build_report(cap, top=top, analysis=an)
     r = report
     total = _device(cap).get("total")
-    base = cap.baseline("end") or cap.baseline("start")  # as the waterfall reads it
+    base = cap.baseline("end") or cap.recording_start()  # as the waterfall reads it
     outside = outside_at_peak(base) if base else None
     peak_reserved = (r.get("peak_reserved") or {}).get("reserved_bytes")
     out["total_bytes"] = total

@@ -39,7 +39,7 @@ def _row(cap: Capture, report: dict[str, Any]) -> dict[str, Any]:
         "peak_reserved_bytes": (report.get("peak_reserved") or {}).get("reserved_bytes"),
         "device_used_bytes": None, "nccl_bytes": None, "alone": bool(dist.get("alone")),
     }
-    base = cap.baseline("end") or cap.baseline("start") or {}
+    base = cap.baseline("end") or cap.recording_start() or {}
     card = _own_card(base)
     if card is None:
         return row
