@@ -24,7 +24,8 @@ from . import format as F
 from .codec import decode_column, unzigzag
 from .format import FormatError
 
-__all__ = ["Checkpoint", "baseline", "before_mark", "choose", "find", "first_mark", "holds_forward_before", "retained"]
+__all__ = ["Checkpoint", "baseline", "before_mark", "choose", "find", "first_mark", "holds_forward_before",
+           "recording_start", "retained"]
 
 
 @dataclasses.dataclass
@@ -164,6 +165,20 @@ def retained(data: memoryview, c: Checkpoint) -> tuple[memoryview, np.ndarray]:
         raise FormatError("bytes left at the end of a checkpoint")
     seq = np.cumsum(unzigzag(deltas.astype(np.uint64)).astype(np.int64)).astype(np.uint64)
     return block, seq
+
+
+def recording_start(payload: memoryview, crc: int) -> dict[str, Any] | None:
+    """The file's first BASELINE chunk (its payload and checksum), which a
+    read from a checkpoint skips with the events before it, when it is the
+    start of recording's and intact: the checkpoint's baseline replaces it
+    for everything but its device readings (docs/format.md, CHECKPOINT)."""
+    if F.chunk_crc(F.Chunk.BASELINE, len(payload), payload) != crc:
+        return None
+    try:
+        base = F.parse_json_object(payload, "baseline")
+    except FormatError:
+        return None
+    return base if base.get("label") == "start" else None
 
 
 def baseline(c: Checkpoint) -> dict[str, Any]:

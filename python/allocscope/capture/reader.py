@@ -22,6 +22,8 @@ from . import checkpoints as CK
 from . import format as F
 from .codec import unzigzag
 from .decode import EventColumns
+from .errors import (CaptureError, CorruptCaptureError, NotACaptureError, TruncatedCaptureWarning,
+                     UnsupportedVersionError)
 from .events import Events, Frame, StreamInfo, ThreadInfo
 from .format import EventKind, FormatError
 
@@ -38,26 +40,6 @@ __all__ = [
     "UnsupportedVersionError",
     "load",
 ]
-
-
-class CaptureError(InputError):
-    """A capture file cannot be read."""
-
-
-class NotACaptureError(CaptureError):
-    """The file is not an allocscope capture."""
-
-
-class UnsupportedVersionError(CaptureError):
-    """The file's format version is not one this allocscope reads."""
-
-
-class CorruptCaptureError(CaptureError):
-    """The file is damaged (a checksum or structure check failed)."""
-
-
-class TruncatedCaptureWarning(UserWarning):
-    """The file ends early; its valid prefix was loaded."""
 
 
 # Chunks a read from a checkpoint skips before its point: the events the
@@ -311,7 +293,8 @@ class _Decoder:
                 return
             if self.resume is not None and pos < self.resume.tail_offset and kind in _BEFORE_CHECKPOINT:
                 if kind == F.Chunk.BASELINE and not self.seen_baseline:
-                    self._recording_start(self.data[start:start + length], crc)
+                    self.seen_baseline = True
+                    self.capture._recording_start = CK.recording_start(self.data[start:start + length], crc)
                 pos = start + length  # what the checkpoint stands for: neither read nor checked
                 continue
             payload = self.data[start:start + length]
@@ -386,20 +369,6 @@ class _Decoder:
             c.footer = footer
         # Unknown chunk types are skipped: a newer writer may add some without
         # breaking older readers (docs/format.md, "Compatibility").
-
-    def _recording_start(self, payload: memoryview, crc: int) -> None:
-        """The first baseline, skipped by a read from a checkpoint: kept
-        aside when it is the start's and intact (the checkpoint replaces it
-        for everything but its device readings)."""
-        self.seen_baseline = True
-        if F.chunk_crc(F.Chunk.BASELINE, len(payload), payload) != crc:
-            return
-        try:
-            base = F.parse_json_object(payload, "baseline")
-        except ValueError:  # FormatError
-            return
-        if base.get("label") == "start":
-            self.capture._recording_start = base
 
     def _resume(self) -> None:
         """Before the first events after the checkpoint's point: its events
