@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "clock.h"
 #include "format/format.h"
 #include "recorder.h"
 
@@ -97,7 +98,8 @@ struct ThreadScopes {
 
 // Leaked per thread on purpose (see ops.cpp's this_thread).
 ThreadScopes& this_thread() {
-  static thread_local ThreadScopes* t = new ThreadScopes();
+  ALLOCSCOPE_TLS ThreadScopes* t = nullptr;
+  if (t == nullptr) t = new ThreadScopes();
   ThreadScopes& s = *t;
   uint64_t generation = Recorder::get().generation();
   if (s.generation != generation) {

@@ -3,7 +3,7 @@
 #include <cstdint>
 #include <ctime>
 
-// The recorder's few thread-locals (about 100 bytes) use the initial-exec TLS
+// The recorder's few thread-locals (under 200 bytes: pointers where more is kept) use the initial-exec TLS
 // model: each access is then one %fs-relative load instead of a call to
 // __tls_get_addr, which a dlopen'ed library otherwise pays on the hot path.
 #define ALLOCSCOPE_TLS static thread_local __attribute__((tls_model("initial-exec")))

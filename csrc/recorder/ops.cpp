@@ -10,6 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "clock.h"
 #include "format/format.h"
 #include "gradients.h"
 #include "recorder.h"
@@ -25,7 +26,7 @@ constexpr size_t kEvaluatePrefixLen = sizeof(kEvaluatePrefix) - 1;
 
 struct Frame {
   const void* rf;            // the RecordFunction: start and end see the same object
-  const char* name;          // valid while the op runs
+  const char* name;          // as shown (a node's without the engine's prefix); valid while the op runs
   uint32_t node = 0;         // interned chain up to here; 0: not yet
   uint32_t forward_stack = 0;
   uint32_t owes_exit = 0;    // module scope (label + 1) to close when this frame ends
@@ -37,6 +38,24 @@ struct Module {
   bool leaf;
 };
 
+// The chain node of an op frame under its parent, by the name's pointer
+// (an op's name is its schema's, the same pointer at every call) and checked
+// by the name's text (a node's name is a string of its call, whose memory a
+// later name may reuse). Direct-mapped: a miss interns as before.
+struct NodeCacheEntry {
+  const char* pointer = nullptr;
+  uint32_t parent = 0;
+  uint32_t node = 0;
+  bool backward = false;
+  std::string text;
+};
+constexpr size_t kNodeCacheSize = 256;
+
+size_t node_cache_index(const char* pointer, uint32_t parent, bool backward) {
+  uint64_t h = (reinterpret_cast<uintptr_t>(pointer) ^ (uint64_t{parent} << 20) ^ backward) * 0x9E3779B97F4A7C15ull;
+  return static_cast<size_t>(h >> 56) & (kNodeCacheSize - 1);
+}
+
 // Per thread. Caches hold ids of one recording (generation).
 struct ThreadOps {
   std::vector<Frame> frames;
@@ -47,13 +66,16 @@ struct ThreadOps {
   std::vector<Module> modules;  // forward module scopes open on this thread
   std::unordered_map<uint64_t, std::pair<uint32_t, std::string>> frame_ids;  // name hash -> (frame, name)
   std::unordered_map<uint64_t, uint32_t> node_ids;                           // (parent, frame) -> node
+  std::unique_ptr<NodeCacheEntry[]> node_cache{new NodeCacheEntry[kNodeCacheSize]};
 };
 
 // Leaked per thread on purpose: a thread-local with a destructor could be
 // destroyed before the last op or allocation of its thread (other
-// thread-locals' destructors free tensors and may run ops).
+// thread-locals' destructors free tensors and may run ops). The pointer is
+// initial-exec (clock.h): read twice an op, it costs a load, not a call.
 ThreadOps& this_thread() {
-  static thread_local ThreadOps* ops = new ThreadOps();
+  ALLOCSCOPE_TLS ThreadOps* ops = nullptr;
+  if (ops == nullptr) ops = new ThreadOps();
   return *ops;
 }
 
@@ -129,6 +151,7 @@ ThreadOps& ops_of_this_thread() {
     t.modules.clear();
     t.frame_ids.clear();
     t.node_ids.clear();
+    for (size_t i = 0; i < kNodeCacheSize; ++i) t.node_cache[i].pointer = nullptr;
     for (Frame& f : t.frames) f.node = 0;
   }
   return t;
@@ -137,9 +160,10 @@ ThreadOps& ops_of_this_thread() {
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   ThreadOps& t = ops_of_this_thread();
   const char* name = fn.name();
-  bool backward = fn.scope() == at::RecordScope::BACKWARD_FUNCTION ||
-      std::strncmp(name, kEvaluatePrefix, kEvaluatePrefixLen) == 0;
-  Frame f{&fn, name};
+  // (the first two letters tell "autograd::engine::..." from "aten::..." without a call)
+  bool evaluate = name[0] == 'a' && name[1] == 'u' && std::strncmp(name, kEvaluatePrefix, kEvaluatePrefixLen) == 0;
+  bool backward = evaluate || fn.scope() == at::RecordScope::BACKWARD_FUNCTION;
+  Frame f{&fn, evaluate ? name + kEvaluatePrefixLen : name};
   f.backward = backward;
   if (!t.frames.empty()) f.forward_stack = t.frames.back().forward_stack;
   if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {
@@ -196,9 +220,34 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   }
 }
 
-// The name an op frame shows: a node's name without the engine's prefix.
-const char* shown_name(const char* name) {
-  return std::strncmp(name, kEvaluatePrefix, kEvaluatePrefixLen) == 0 ? name + kEvaluatePrefixLen : name;
+// The chain node of frame `f` under `parent` (interned into the stack tree
+// under the tables' mutex where this thread has not met it); kFull when the
+// tables are full.
+uint32_t intern_frame_node(ThreadOps& t, const Frame& f, uint32_t parent) {
+  InternTables& tables = Recorder::get().tables();
+  uint64_t h = hash_name(f.name) ^ (f.backward ? 0x5bd1e995ull : 0);
+  auto it = t.frame_ids.find(h);
+  uint32_t frame = InternTables::kFull;
+  if (it != t.frame_ids.end() && it->second.second == f.name) frame = it->second.first;
+  std::unique_lock<std::mutex> lock(tables.mu, std::defer_lock);
+  if (frame == InternTables::kFull) {
+    lock.lock();
+    FrameEntry e;
+    e.filename = tables.intern_string(f.backward ? "<autograd>" : "<aten>");
+    e.function = tables.intern_string(f.name);
+    e.line = 0;
+    if (e.filename == InternTables::kFull || e.function == InternTables::kFull) return InternTables::kFull;
+    frame = tables.intern_frame(e);
+    if (frame == InternTables::kFull) return InternTables::kFull;
+    t.frame_ids[h] = {frame, f.name};
+  }
+  uint64_t key = (uint64_t{parent} << 32) | frame;
+  auto nit = t.node_ids.find(key);
+  if (nit != t.node_ids.end()) return nit->second;
+  if (!lock.owns_lock()) lock.lock();
+  uint32_t node = tables.intern_node(parent, frame);
+  if (node != InternTables::kFull) t.node_ids.emplace(key, node);
+  return node;
 }
 
 }  // namespace
@@ -266,43 +315,29 @@ Current current() {
     c.op = t.frames.back().node;
     return c;
   }
-  InternTables& tables = Recorder::get().tables();
   uint32_t parent = first > 0 ? t.frames[first - 1].node : 0;
-  const char* parent_name = first > 0 ? shown_name(t.frames[first - 1].name) : "";
+  const char* parent_name = first > 0 ? t.frames[first - 1].name : "";
   for (size_t i = first; i < t.frames.size(); ++i) {
     Frame& f = t.frames[i];
-    const char* name = shown_name(f.name);
-    if (parent != 0 && std::strcmp(name, parent_name) == 0) {
+    const char* name = f.name;
+    if (parent != 0 && (name == parent_name || std::strcmp(name, parent_name) == 0)) {
       f.node = parent;
       continue;
     }
-    uint64_t h = hash_name(name) ^ (f.backward ? 0x5bd1e995ull : 0);
-    auto it = t.frame_ids.find(h);
-    uint32_t frame = InternTables::kFull;
-    if (it != t.frame_ids.end() && it->second.second == name) frame = it->second.first;
-    std::unique_lock<std::mutex> lock(tables.mu, std::defer_lock);
-    if (frame == InternTables::kFull) {
-      lock.lock();
-      FrameEntry e;
-      e.filename = tables.intern_string(f.backward ? "<autograd>" : "<aten>");
-      e.function = tables.intern_string(name);
-      e.line = 0;
-      if (e.filename == InternTables::kFull || e.function == InternTables::kFull) break;
-      frame = tables.intern_frame(e);
-      if (frame == InternTables::kFull) break;
-      t.frame_ids[h] = {frame, name};
+    NodeCacheEntry& cached = t.node_cache[node_cache_index(name, parent, f.backward)];
+    if (cached.pointer == name && cached.parent == parent && cached.backward == f.backward &&
+        std::strcmp(cached.text.c_str(), name) == 0) {
+      f.node = parent = cached.node;
+      parent_name = name;
+      continue;
     }
-    uint64_t key = (uint64_t{parent} << 32) | frame;
-    auto nit = t.node_ids.find(key);
-    uint32_t node;
-    if (nit != t.node_ids.end()) {
-      node = nit->second;
-    } else {
-      if (!lock.owns_lock()) lock.lock();
-      node = tables.intern_node(parent, frame);
-      if (node == InternTables::kFull) break;
-      t.node_ids.emplace(key, node);
-    }
+    uint32_t node = intern_frame_node(t, f, parent);
+    if (node == InternTables::kFull) break;
+    cached.pointer = name;
+    cached.parent = parent;
+    cached.node = node;
+    cached.backward = f.backward;
+    cached.text = name;
     f.node = parent = node;
     parent_name = name;
   }

@@ -1,5 +1,9 @@
 #include "stacks.h"
 
+#include <algorithm>
+
+#include "clock.h"
+
 
 namespace allocscope {
 namespace {
@@ -26,6 +30,27 @@ bool same_frames(const pystack::RawFrame* a, const pystack::RawFrame* b, int dep
   return true;
 }
 
+// The calling thread's last stack: consecutive captures often see the same
+// frames (the ops of one Python line, the allocations of one op), and then
+// its node is known without the hash, the tables' mutex and the lookup.
+struct LastCapture {
+  const void* owner = nullptr;
+  uint64_t epoch = 0;
+  int depth = 0;
+  uint32_t node = 0;
+  pystack::RawFrame frames[StackInterner::kMaxDepth];
+};
+
+// Leaked per thread, as ops.cpp's this_thread; a pointer, because the
+// library's thread-locals are initial-exec (clock.h) and must fit the
+// static TLS space glibc keeps for libraries loaded later (its frames would
+// take 2 KiB of it).
+LastCapture& last_capture() {
+  ALLOCSCOPE_TLS LastCapture* last = nullptr;
+  if (last == nullptr) last = new LastCapture();
+  return *last;
+}
+
 }  // namespace
 
 void StackInterner::reset(std::string* walker_description) {
@@ -35,6 +60,7 @@ void StackInterner::reset(std::string* walker_description) {
   used_ = 0;
   keys_.clear();
   frame_ids_.clear();
+  epoch_.fetch_add(1);
   misses_ = 0;
   overflows_ = 0;
 }
@@ -76,13 +102,27 @@ uint32_t StackInterner::capture() {
   pystack::RawFrame frames[kMaxDepth];
   int depth = pystack::walk(walker_, frames, kMaxDepth);
   if (depth == 0) return 0u;
+  LastCapture& last = last_capture();
+  uint64_t epoch = epoch_.load(std::memory_order_acquire);
+  if (last.owner == this && last.epoch == epoch && last.depth == depth && same_frames(last.frames, frames, depth)) {
+    return last.node;
+  }
   uint64_t hash = hash_frames(frames, depth);
+  uint32_t node = 0;
+  bool found;
   {
     std::lock_guard<std::mutex> lock(tables_->mu);
-    uint32_t node = 0;
-    if (lookup(hash, frames, depth, &node)) return node;
+    found = lookup(hash, frames, depth, &node);
   }
-  return miss(hash, frames, depth);
+  if (!found) node = miss(hash, frames, depth);
+  if (node != 0) {
+    last.owner = this;
+    last.epoch = epoch;
+    last.depth = depth;
+    last.node = node;
+    std::copy(frames, frames + depth, last.frames);
+  }
+  return node;
 }
 
 uint32_t StackInterner::miss(uint64_t hash, const pystack::RawFrame* frames, int depth) {
@@ -150,6 +190,7 @@ void StackInterner::release() {
     slots_.assign(1024, Slot{});
     used_ = 0;
     keys_.clear();
+    epoch_.fetch_add(1);
   }
   for (const void* code : refs) pystack::decref_code(code);
 }

@@ -1,13 +1,15 @@
 // Interning Python stacks: each distinct stack is stored once, as a path in
 // the stack tree, and events carry its node id.
 //
-// Hot path: walk the thread's frames without the GIL (pystack.h), hash the
+// Hot path: walk the thread's frames without the GIL (pystack.h); the same
+// frames as the thread's last capture give its node; else hash the
 // (code, instruction) pairs and look them up. Only a stack never seen before
 // takes the GIL, to symbolize its new frames into (file, function, line) and
 // to hold a reference to their code objects (so that a code address cannot be
 // reused by another code object while it is a key here).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -67,6 +69,9 @@ class StackInterner {
   std::unordered_set<const void*> code_refs_;  // codes we hold a reference to
   uint64_t misses_ = 0;
   uint64_t overflows_ = 0;
+  // Bumped whenever the table is cleared: a thread's last capture (stacks.cpp)
+  // stands only for the epoch it was made in.
+  std::atomic<uint64_t> epoch_{1};
 };
 
 }  // namespace allocscope
