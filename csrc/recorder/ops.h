@@ -21,7 +21,8 @@
 //
 // The callback is cheap but runs for every op (views and in-place ops too):
 // the names of a thread's running ops are kept as pointers and interned only
-// when something allocates under them; forward stacks are walked once per
+// when something allocates under them (then found in a per-thread cache of
+// chain nodes by parent and name pointer); forward stacks are walked once per
 // sequence number, only with grad mode on.
 #pragma once
 
