@@ -73,10 +73,15 @@ struct ThreadOps {
 // destroyed before the last op or allocation of its thread (other
 // thread-locals' destructors free tensors and may run ops). The pointer is
 // initial-exec (clock.h): read twice an op, it costs a load, not a call.
-ThreadOps& this_thread() {
-  ALLOCSCOPE_TLS ThreadOps* ops = nullptr;
-  if (ops == nullptr) ops = new ThreadOps();
-  return *ops;
+ALLOCSCOPE_TLS ThreadOps* t_ops = nullptr;
+
+__attribute__((noinline)) ThreadOps& first_use_on_this_thread() {
+  t_ops = new ThreadOps();
+  return *t_ops;
+}
+
+inline ThreadOps& this_thread() {
+  return __builtin_expect(t_ops != nullptr, 1) ? *t_ops : first_use_on_this_thread();
 }
 
 // Forward stacks by (forward thread, sequence number), direct-mapped and
@@ -206,6 +211,11 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
     gradients::accumulated();
   }
   ThreadOps& t = this_thread();
+  if (!t.frames.empty() && t.frames.back().rf == &fn && t.frames.back().owes_exit == 0) {  // (the usual case)
+    t.backward_depth -= t.frames.back().backward;
+    t.frames.pop_back();
+    return;
+  }
   // Normally the top; an op whose start this thread did not see (the
   // callback came or went while it ran, or an async op) leaves it alone.
   for (size_t i = t.frames.size(); i-- > 0;) {

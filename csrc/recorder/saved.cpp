@@ -62,7 +62,7 @@ void Labeler::label(const at::Tensor& t) {
   if (ptr == 0) return;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (parameters_.count(ptr) != 0 || !labelled_.insert(ptr).second) return;
+    if (parameters_.count(ptr) != 0 || !labelled_.insert(ptr)) return;
   }
   Recorder::get().annotate_interned(format::kActivation, ops::innermost_module(fallback_), ptr, bytes);
 }

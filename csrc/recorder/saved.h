@@ -27,6 +27,8 @@
 #include <unordered_set>
 #include <vector>
 
+#include "address_set.h"
+
 namespace allocscope::saved {
 
 class Labeler {
@@ -84,7 +86,8 @@ class Labeler {
   uint32_t fallback_;
   std::vector<PyObject*> plain_types_;  // strong references
   std::mutex mutex_;  // the sets: the engine route packs without the GIL
-  std::unordered_set<uint64_t> parameters_, labelled_;
+  std::unordered_set<uint64_t> parameters_;
+  AddressSet labelled_;
   bool routed_;
   std::atomic<uint64_t> packed_natively_{0}, packed_in_python_{0};
 };

@@ -1,6 +1,7 @@
 #include "stacks.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "clock.h"
 
@@ -33,12 +34,18 @@ bool same_frames(const pystack::RawFrame* a, const pystack::RawFrame* b, int dep
 // The calling thread's last stack: consecutive captures often see the same
 // frames (the ops of one Python line, the allocations of one op), and then
 // its node is known without the hash, the tables' mutex and the lookup.
+// A capture walks into `spare` and, where it names a node, swaps it with
+// `frames` (no copy); a capture that starts while another runs on this thread
+// (`busy`: reentered from what miss() calls) walks into its own array.
 struct LastCapture {
   const void* owner = nullptr;
   uint64_t epoch = 0;
   int depth = 0;
   uint32_t node = 0;
-  pystack::RawFrame frames[StackInterner::kMaxDepth];
+  bool busy = false;
+  pystack::RawFrame* frames = buffers[0];
+  pystack::RawFrame* spare = buffers[1];
+  pystack::RawFrame buffers[2][StackInterner::kMaxDepth];
 };
 
 // Leaked per thread, as ops.cpp's this_thread; a pointer, because the
@@ -99,14 +106,40 @@ void StackInterner::insert(uint64_t hash, const pystack::RawFrame* frames, int d
 }
 
 uint32_t StackInterner::capture() {
-  pystack::RawFrame frames[kMaxDepth];
-  int depth = pystack::walk(walker_, frames, kMaxDepth);
-  if (depth == 0) return 0u;
   LastCapture& last = last_capture();
-  uint64_t epoch = epoch_.load(std::memory_order_acquire);
-  if (last.owner == this && last.epoch == epoch && last.depth == depth && same_frames(last.frames, frames, depth)) {
-    return last.node;
+  if (last.busy) {
+    pystack::RawFrame frames[kMaxDepth];
+    int depth = pystack::walk(walker_, frames, kMaxDepth);
+    return depth == 0 ? 0u : intern(frames, depth);
   }
+  struct Busy {
+    bool& flag;
+    explicit Busy(bool& f) : flag(f) { flag = true; }
+    ~Busy() { flag = false; }
+  } busy(last.busy);
+  pystack::RawFrame* frames = last.spare;
+  int depth = pystack::walk(walker_, frames, kMaxDepth);
+  uint32_t node = 0;
+  uint64_t epoch = epoch_.load(std::memory_order_acquire);
+  if (depth == 0) {
+    // (no Python frames)
+  } else if (last.owner == this && last.epoch == epoch && last.depth == depth &&
+             same_frames(last.frames, frames, depth)) {
+    node = last.node;
+  } else {
+    node = intern(frames, depth);
+    if (node != 0) {
+      last.owner = this;
+      last.epoch = epoch;
+      last.depth = depth;
+      last.node = node;
+      std::swap(last.frames, last.spare);
+    }
+  }
+  return node;
+}
+
+uint32_t StackInterner::intern(const pystack::RawFrame* frames, int depth) {
   uint64_t hash = hash_frames(frames, depth);
   uint32_t node = 0;
   bool found;
@@ -114,15 +147,7 @@ uint32_t StackInterner::capture() {
     std::lock_guard<std::mutex> lock(tables_->mu);
     found = lookup(hash, frames, depth, &node);
   }
-  if (!found) node = miss(hash, frames, depth);
-  if (node != 0) {
-    last.owner = this;
-    last.epoch = epoch;
-    last.depth = depth;
-    last.node = node;
-    std::copy(frames, frames + depth, last.frames);
-  }
-  return node;
+  return found ? node : miss(hash, frames, depth);
 }
 
 uint32_t StackInterner::miss(uint64_t hash, const pystack::RawFrame* frames, int depth) {

@@ -59,6 +59,8 @@ class StackInterner {
   bool lookup(uint64_t hash, const pystack::RawFrame* frames, int depth, uint32_t* node) const;
   void insert(uint64_t hash, const pystack::RawFrame* frames, int depth, uint32_t node);
   uint32_t miss(uint64_t hash, const pystack::RawFrame* frames, int depth);
+  // The node of these frames: looked up, else interned (miss).
+  uint32_t intern(const pystack::RawFrame* frames, int depth);
 
   InternTables* tables_;
   pystack::Walker walker_ = pystack::Walker::kGil;

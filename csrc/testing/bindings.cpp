@@ -11,6 +11,7 @@
 #include <c10/util/flat_hash_map.h>
 
 #include "format/columns.h"
+#include "recorder/address_set.h"
 #include "recorder/pystack.h"
 #ifdef ALLOCSCOPE_WITH_CUDA
 #include "fake_cuda.h"
@@ -83,6 +84,21 @@ void register_bindings(py::module_& m) {
     walks.emplace_back();
     for (const auto& kv : map) walks.back().push_back(kv.first);
     return walks;
+  });
+
+  // The saved-tensor labeler's set (recorder/address_set.h). ops: an address
+  // (non-zero) to insert, or 0 to clear. Returns what each insert returned.
+  m.def("address_set_inserts", [](const std::vector<uint64_t>& ops) {
+    allocscope::AddressSet set;
+    std::vector<bool> added;
+    for (uint64_t op : ops) {
+      if (op == 0) {
+        set.clear();
+      } else {
+        added.push_back(set.insert(op));
+      }
+    }
+    return added;
   });
 
 #ifdef ALLOCSCOPE_WITH_CUDA

@@ -3,6 +3,8 @@ Python hook it replaced labelled: on the attribution tests' models (CPU), the
 ACTIVATION annotations and every allocation's category, module and tensor name
 are the same as with the Python reference (watcher.PythonSavedTensorLabeler)."""
 
+import gc
+
 import numpy as np
 import pytest
 import torch
@@ -263,6 +265,7 @@ def test_save_on_cpu_keeps_a_watched_models_activations_off_the_gpu(tmp_path):
         x = torch.randn(512, 256, device="cuda")
         m(x).sum().backward()  # (cuBLAS's workspace: allocated at the first matmul, kept)
         m.zero_grad(set_to_none=False)
+        gc.collect()  # (an earlier test's cyclic garbage, freed in the forward, would count against it)
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
         with allocscope.record(tmp_path / f"c{watched}.alsc", device="cuda") as rec:
