@@ -9,7 +9,7 @@ under callgrind in a process of their own, counted from the first measured
 step to the last (every thread: the program's, the autograd engine's, the
 recorder's writer), after two unmeasured ones in the same mode. Modes:
 bench_step.py's (off, allocscope-noops, allocscope-python, allocscope-watch,
-allocscope-watch-noops, torch-history), and parts of watching without ops
+allocscope-watch-noops, torch-history, torch-history-cpp), and parts of watching without ops
 (watching with no saved-tensor hooks, with the root module's scopes alone: its hooks),
 whose difference to allocscope-watch-noops is what that part costs, and watching
 with the saved-tensor hook called through Python (watch-noops-python-saved-hooks:
@@ -82,6 +82,7 @@ def _watch_python_saved_hooks(rec, model, opt):
 MODES = {
     "off": (None, None),
     "torch-history": (None, None),
+    "torch-history-cpp": (None, None),
     "allocscope-noops": (False, None),
     "allocscope-python": (True, None),
     "allocscope-watch": (None, lambda rec, model, opt: rec.watch(model, opt)),
@@ -111,8 +112,8 @@ def child(mode: str, workload: str, steps: int, lib: str) -> None:
     bench_step.run_steps(model, opt, make_input, loss_fn, 2, "cuda")
     ops, setup = MODES[mode]
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
-        if mode == "torch-history":
-            torch.cuda.memory._record_memory_history(stacks="python")
+        if mode in ("torch-history", "torch-history-cpp"):
+            torch.cuda.memory._record_memory_history(stacks="python" if mode == "torch-history" else "all")
             stack.callback(torch.cuda.memory._record_memory_history, enabled=None)
         elif mode != "off":
             rec = stack.enter_context(allocscope.record(os.path.join(tmp, "m.alsc"), device="cuda", ops=ops))
@@ -204,6 +205,10 @@ def main() -> None:
             "watch_noops_over_torch": ratio("allocscope-watch-noops", "torch-history"),
             "watch_over_torch": ratio("allocscope-watch", "torch-history"),
             "recording_noops_over_torch": ratio("allocscope-noops", "torch-history"),
+            # What unwinding each allocation's native stack costs (torch::unwind, PCs only: torch
+            # symbolizes at snapshot time): the alternative to naming ops from a per-op callback.
+            "cpp_unwind": (round(over["torch-history-cpp"] - over["torch-history"])
+                           if "torch-history-cpp" in over and "torch-history" in over else None),
             "saved_hooks": (round(over["allocscope-watch-noops"] - over["watch-noops-without-saved-hooks"])
                             if "watch-noops-without-saved-hooks" in over and "allocscope-watch-noops" in over
                             else None),
