@@ -38,8 +38,7 @@ def workers():
         return started[setting]
 
     yield get
-    for w in started.values():
-        w.close()
+    Worker.close_all(list(started.values()))
 
 
 @pytest.mark.parametrize("setting", list(SETTINGS))
