@@ -33,8 +33,6 @@ class AddressSet {
     used_ = 0;
   }
 
-  size_t size() const { return used_; }
-
  private:
   struct Slot {
     uint64_t address = 0;

@@ -96,11 +96,8 @@ struct ThreadScopes {
   uint32_t cached_module = 0;
 };
 
-// Leaked per thread on purpose (see ops.cpp's this_thread).
 ThreadScopes& this_thread() {
-  ALLOCSCOPE_TLS ThreadScopes* t = nullptr;
-  if (t == nullptr) t = new ThreadScopes();
-  ThreadScopes& s = *t;
+  ThreadScopes& s = leaked_per_thread<ThreadScopes>();
   uint64_t generation = Recorder::get().generation();
   if (s.generation != generation) {
     s.generation = generation;

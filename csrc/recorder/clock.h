@@ -10,6 +10,23 @@
 
 namespace allocscope {
 
+template <class T>
+__attribute__((noinline)) T& make_per_thread(T*& slot) {
+  slot = new T();
+  return *slot;
+}
+
+// The calling thread's T, made at its first use there and never destroyed:
+// a thread-local with a destructor could go before the thread's last op or
+// allocation (other thread-locals' destructors free tensors and run ops).
+// Only the pointer is thread-local (initial-exec: the state itself may be
+// large), so the usual call is a load and a test.
+template <class T>
+inline T& leaked_per_thread() {
+  ALLOCSCOPE_TLS T* instance = nullptr;
+  return __builtin_expect(instance != nullptr, 1) ? *instance : make_per_thread(instance);
+}
+
 // CLOCK_MONOTONIC in ns (a vDSO call, ~20 ns). Every event time uses it; the
 // metadata pairs one reading with the wall clock to convert.
 inline int64_t now_ns() {

@@ -69,19 +69,8 @@ struct ThreadOps {
   std::unique_ptr<NodeCacheEntry[]> node_cache{new NodeCacheEntry[kNodeCacheSize]};
 };
 
-// Leaked per thread on purpose: a thread-local with a destructor could be
-// destroyed before the last op or allocation of its thread (other
-// thread-locals' destructors free tensors and may run ops). The pointer is
-// initial-exec (clock.h): read twice an op, it costs a load, not a call.
-ALLOCSCOPE_TLS ThreadOps* t_ops = nullptr;
-
-__attribute__((noinline)) ThreadOps& first_use_on_this_thread() {
-  t_ops = new ThreadOps();
-  return *t_ops;
-}
-
-inline ThreadOps& this_thread() {
-  return __builtin_expect(t_ops != nullptr, 1) ? *t_ops : first_use_on_this_thread();
+ThreadOps& this_thread() {
+  return leaked_per_thread<ThreadOps>();  // (clock.h: read twice an op, a load)
 }
 
 // Forward stacks by (forward thread, sequence number), direct-mapped and

@@ -25,6 +25,7 @@ from allocscope.common.errors import InputError
 from allocscope.reports.report import build_report
 
 from ..conftest import DATA
+from ..support.cuda_runtime import cudart
 
 STEPS = 24
 EVERY = 1500  # events between checkpoints: several in a run of STEPS steps
@@ -69,20 +70,6 @@ class Model(nn.Module):
         h = self.block(self.embed(tokens))
         h = h + checkpoint(self.mlp, h, use_reentrant=False)
         return self.head(h)
-
-
-def cudart():
-    """The CUDA runtime torch loaded: the virtual GPU's stand-in, or the card's."""
-    import ctypes
-
-    from allocscope import vgpu
-
-    if vgpu.active():
-        (name,) = [n for n in os.listdir(vgpu.LIB_DIR) if n.startswith("libcudart.so.")]
-        return ctypes.CDLL(os.path.join(vgpu.LIB_DIR, name))
-    with open("/proc/self/maps") as f:
-        (path, *_) = {line.split()[-1] for line in f if "/libcudart.so." in line}
-    return ctypes.CDLL(path)
 
 
 def train(path, device, every=EVERY, outside=0):

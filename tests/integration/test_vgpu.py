@@ -15,6 +15,8 @@ import pytest
 import allocscope
 from allocscope import EventKind, vgpu
 
+from ..support.cuda_runtime import cudart
+
 torch = pytest.importorskip("torch")
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not vgpu.active(), reason="checks the virtual GPU itself")]
@@ -164,19 +166,12 @@ def test_snapshot_segments_equal_the_captures_end_baseline(tmp_path):
                                    b["state"] != "inactive"] for b in s["blocks"]]
 
 
-def _cudart():
-    import ctypes
-
-    (name,) = [n for n in os.listdir(vgpu.LIB_DIR) if n.startswith("libcudart.so.")]
-    return ctypes.CDLL(os.path.join(vgpu.LIB_DIR, name))  # the loaded stand-in
-
-
 def test_copies_and_sets_are_real_kernels_compute_nothing():
     values = torch.arange(1, 1001, dtype=torch.float32)
     on_device = values.cuda()
     assert torch.equal(on_device.cpu(), values)  # memcpy host -> device -> host
     assert torch.equal(on_device.clone().cpu(), values)  # device -> device
-    assert _cudart().cudaMemset(ctypes_ptr(on_device), 0, 400) == 0  # the first 100 floats
+    assert cudart().cudaMemset(ctypes_ptr(on_device), 0, 400) == 0  # the first 100 floats
     assert torch.count_nonzero(on_device.cpu()).item() == 900
     doubled = on_device * 2  # a kernel: runs nothing, so the output is whatever the block held
     assert doubled.shape == values.shape and doubled.device.type == "cuda"
@@ -185,9 +180,9 @@ def test_copies_and_sets_are_real_kernels_compute_nothing():
     ptr = ctypes_ptr(gone)
     del gone
     torch.cuda.empty_cache()
-    cudart = _cudart()
-    assert cudart.cudaMemset(ptr, 0, 16) == 1  # cudaErrorInvalidValue
-    assert cudart.cudaGetLastError() == 1 and cudart.cudaGetLastError() == 0
+    runtime = cudart()
+    assert runtime.cudaMemset(ptr, 0, 16) == 1  # cudaErrorInvalidValue
+    assert runtime.cudaGetLastError() == 1 and runtime.cudaGetLastError() == 0
 
 
 def test_kernels_compiled_at_run_time_by_nvrtc_launch():
@@ -376,10 +371,8 @@ def test_managed_memory_is_device_memory_the_host_can_touch():
     charged to the current device, readable and writable from the host,
     given back by cudaFree."""
     import ctypes
-    import glob
 
-    (path,) = glob.glob(os.path.join(vgpu.LIB_DIR, "libcudart.so.*"))
-    runtime = ctypes.CDLL(path)
+    runtime = cudart()  # (the stand-in: these tests run on the virtual GPU)
     torch.cuda.init()
     free_before = torch.cuda.mem_get_info()[0]
     ptr = ctypes.c_void_p()

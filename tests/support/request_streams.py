@@ -297,10 +297,14 @@ class Worker:
         self._log.truncate()
         self._start()
 
+    def _end_input(self) -> None:
+        """Tells the worker to end (its loop reads requests until stdin closes)."""
+        if self.proc.poll() is None and self.proc.stdin is not None:
+            self.proc.stdin.close()
+
     def _stop(self) -> None:
         if self.proc.poll() is None:
-            assert self.proc.stdin is not None
-            self.proc.stdin.close()
+            self._end_input()
             try:
                 self.proc.wait(30)
             except subprocess.TimeoutExpired:
@@ -316,8 +320,7 @@ class Worker:
         """Closes several: every process is told to end before any is waited
         for, so their exits (torch's teardown, about a second each) overlap."""
         for w in workers:
-            if w.proc.poll() is None and w.proc.stdin is not None:
-                w.proc.stdin.close()
+            w._end_input()
         for w in workers:
             w.close()
 
