@@ -59,6 +59,16 @@ bool write_all(int fd, const struct iovec* iov, int count, std::string* error) {
 Writer::Writer(const std::string& path) {
   fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0) throw std::runtime_error("cannot open " + path + " for writing: " + std::strerror(errno));
+  // A write lock for as long as the file is written (docs/format.md, "While
+  // it is written"): `allocscope run` waits for the processes of its command
+  // that outlive the first one (an engine orphaned by its parent) to finish
+  // their captures. A POSIX record lock: released when this process closes
+  // the file or dies however it dies, and never inherited by a forked child.
+  struct flock lock;
+  std::memset(&lock, 0, sizeof(lock));
+  lock.l_type = F_WRLCK;
+  lock.l_whence = SEEK_SET;
+  (void)::fcntl(fd_, F_SETLK, &lock);  // without it (a file system without locks) nothing waits
   uint8_t header[kHeaderSize] = {};
   std::memcpy(header, kMagic, sizeof(kMagic));
   uint32_t version = kFormatVersion;

@@ -12,27 +12,31 @@ from typing import Any, Sequence
 
 from ..common.errors import InputError
 
-__all__ = ["check_one_run", "load_run", "rank_of", "run_files", "run_name"]
+__all__ = ["check_one_run", "load_run", "process_of", "rank_of", "run_files", "run_name"]
 
 _RANK = re.compile(r"\.rank(\d+)$")
+# The other processes of a run (spawned workers, an engine process): FILE.pidN
+_PROCESS = re.compile(r"\.(rank|pid)(\d+)$")
 
 
 def run_files(name: str) -> list[str]:
     """The capture files `name` stands for, sorted by rank: a glob's
     matches; a run's name, its files (ddp.alsc -> ddp.alsc if it exists,
-    ddp.rank0.alsc, ddp.rank1.alsc, ...); one rank's file, that file.
-    InputError when nothing matches."""
+    ddp.rank0.alsc, ddp.rank1.alsc, ..., and its other processes'
+    ddp.pidN.alsc); one rank's or process's file, that file. InputError
+    when nothing matches."""
     if glob.has_magic(name):
         found = sorted(p for p in glob.glob(name) if os.path.isfile(p))
         if not found:
             raise InputError(f"no capture matches {name}")
         return _by_rank(found)
     stem, ext = os.path.splitext(name)
-    if _RANK.search(stem) or os.path.isdir(name):  # one rank's file: that rank alone
+    if _PROCESS.search(stem) or os.path.isdir(name):  # one rank's (process's) file: that one alone
         found = [name] if os.path.exists(name) else []
     else:
-        ranks = glob.glob(f"{glob.escape(stem)}.rank*{ext}")
-        found = ([name] if os.path.isfile(name) else []) + [p for p in ranks if _RANK.search(os.path.splitext(p)[0])]
+        others = glob.glob(f"{glob.escape(stem)}.rank*{ext}") + glob.glob(f"{glob.escape(stem)}.pid*{ext}")
+        found = ([name] if os.path.isfile(name) else []) + [p for p in others
+                                                             if _PROCESS.search(os.path.splitext(p)[0])]
     if not found:
         if os.path.exists(name):
             return [name]  # not a regular file: the reader says what it is
@@ -47,6 +51,19 @@ def rank_of(path: str, metadata: dict[str, Any] | None = None) -> int | None:
         return int(dist["rank"])
     m = _RANK.search(os.path.splitext(path)[0])
     return int(m.group(1)) if m else None
+
+
+def process_of(path: str, metadata: dict[str, Any] | None = None) -> str:
+    """What names a capture's process among the run's: "rank N", else
+    "pid N" (its metadata's pid, else its name's), else its file's name."""
+    rank = rank_of(path, metadata)
+    if rank is not None:
+        return f"rank {rank}"
+    pid = (metadata or {}).get("pid")
+    if not isinstance(pid, int):
+        m = _PROCESS.search(os.path.splitext(path)[0])
+        pid = int(m.group(2)) if m else None
+    return f"pid {pid}" if pid is not None else os.path.basename(path)
 
 
 def _by_rank(paths: Sequence[str]) -> list[str]:
@@ -91,7 +108,7 @@ def load_run(paths: Sequence[str]) -> list[Any]:
 
 
 def run_name(paths: Sequence[str]) -> str:
-    """The name a run's files were written under (ddp.rank0.alsc -> ddp.alsc)."""
+    """The name a run's files were written under (ddp.rank0.alsc, ddp.pid7.alsc -> ddp.alsc)."""
     stem, ext = os.path.splitext(paths[0])
-    m = _RANK.search(stem)
+    m = _PROCESS.search(stem)
     return (stem[:m.start()] if m else stem) + ext

@@ -73,7 +73,8 @@ def _one(name: str, side: str):  # -> Capture
         return load(files[0])
     caps = load_run(files)
     doc = build_ranks(caps, top=1)
-    worst = next(r["capture"] for r in doc["ranks"] if r["rank"] == doc["worst_rank"])
-    print(f"allocscope diff: {side} is a run of {len(caps)} ranks: comparing its worst, rank {doc['worst_rank']} "
+    worst = doc["worst_capture"]
+    noun = "ranks" if all(r["rank"] is not None for r in doc["ranks"]) else "processes"
+    print(f"allocscope diff: {side} is a run of {len(caps)} {noun}: comparing its worst, {doc['worst_process']} "
           f"({worst})", file=sys.stderr)
     return next(c for c in caps if c.path == worst)

@@ -50,8 +50,7 @@ def run(args: argparse.Namespace) -> int:
             raise InputError("--at explains one capture: give one rank's file")
         caps = load_run(files)
         ranks = build_ranks(caps, top=10)
-        cap = caps[[c.path for c in caps].index(next(r["capture"] for r in ranks["ranks"]
-                                                      if r["rank"] == ranks["worst_rank"]))]
+        cap = caps[[c.path for c in caps].index(ranks["worst_capture"])]
     else:
         cap = load(files[0], progress=False if args.no_progress else None)
     size = write_html(cap, out, at=args.at, progress=False if args.no_progress else None, ranks=ranks)

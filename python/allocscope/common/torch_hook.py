@@ -4,12 +4,17 @@ Processes started by `allocscope run` (recording) and on the virtual GPU
 (turning cuDNN off) need to act once torch is loaded but before the program
 uses it; importing torch themselves would load it earlier than the program
 does, and initialize things the program may configure first.
+
+"Imported" means torch's module has executed, not that someone looked for
+it: transformers and vLLM call importlib.util.find_spec("torch") before they
+import it, and the spec such a probe gets is thrown away. So the finder
+stays on sys.meta_path, wrapping the loader of every spec it hands out for
+torch, until one of those loaders has run torch's module.
 """
 
 from __future__ import annotations
 
 import importlib.abc
-import importlib.util
 import sys
 from typing import Any, Callable
 
@@ -27,31 +32,67 @@ def _run_callbacks() -> None:
             print(f"allocscope: {e}", file=sys.stderr)
 
 
+def _torch_loaded() -> bool:
+    """Whether torch's module has finished executing (while it executes it
+    is in sys.modules already, its spec marked _initializing)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    spec = getattr(torch, "__spec__", None)
+    return not getattr(spec, "_initializing", False)
+
+
 class _TorchImportHook(importlib.abc.MetaPathFinder):
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
         if name != "torch":
+            # Torch loaded without our loader (a finder put before this one
+            # after it was installed found it): act at the next import.
+            if _callbacks and _torch_loaded():
+                self._done()
             return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec("torch")
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+        spec = self._find_with_the_others(name, path, target)
+        loader = getattr(spec, "loader", None) if spec is not None else None
+        if loader is None or isinstance(loader, type) or not hasattr(loader, "exec_module"):
             return spec
-        loader = spec.loader
+        # An attribute of this loader object (the finders make one per spec),
+        # so that torch.__loader__ stays the loader it would have been.
         exec_module = loader.exec_module
 
         def exec_then_run(module: Any) -> None:
             exec_module(module)
-            _run_callbacks()
+            if getattr(module, "__name__", None) == "torch":
+                self._done()
 
         loader.exec_module = exec_then_run  # type: ignore[method-assign]
         return spec
 
+    def _find_with_the_others(self, name: str, path: Any, target: Any) -> Any:
+        """What the import system would find without this finder (it asks
+        the meta path finders in order)."""
+        for finder in list(sys.meta_path):
+            find_spec = getattr(finder, "find_spec", None)
+            if finder is self or find_spec is None:
+                continue
+            spec = find_spec(name, path, target)
+            if spec is not None:
+                return spec
+        return None
+
+    def _done(self) -> None:
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            pass
+        _run_callbacks()
+
 
 def after_torch_import(callback: Callable[[], None]) -> None:
     """Calls `callback` once torch is imported: now if it already is, else
-    right after the process imports it. Callbacks run in the order given; an
-    exception in one is printed, not raised."""
+    right after the process has executed torch's module (however often it
+    looked for torch before). Callbacks run in the order given; an exception
+    in one is printed, not raised."""
     _callbacks.append(callback)
-    if "torch" in sys.modules:
+    if _torch_loaded():
         _run_callbacks()
     elif not any(isinstance(f, _TorchImportHook) for f in sys.meta_path):
         sys.meta_path.insert(0, _TorchImportHook())

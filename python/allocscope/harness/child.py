@@ -5,16 +5,19 @@ its capture is finished."""
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import glob
 import os
 import signal
 import subprocess
 import sys
+import time
 from typing import Sequence
 
 from ..common.errors import InputError
 
-__all__ = ["command_line", "outputs", "wait_for"]
+__all__ = ["command_line", "finished_outputs", "outputs", "wait_for"]
 
 
 def command_line(command: Sequence[str], usage: str) -> list[str]:
@@ -36,6 +39,56 @@ def outputs(path: str) -> list[str]:
     stem, ext = os.path.splitext(path)
     found = [path] if os.path.exists(path) else []
     return found + sorted(glob.glob(f"{glob.escape(stem)}.rank*{ext}") + glob.glob(f"{glob.escape(stem)}.pid*{ext}"))
+
+
+# How long a run waits for processes that outlive its command's first one to
+# finish their captures, and after how long it says that it waits.
+STRAGGLERS_WAIT_S = 120.0
+STRAGGLERS_NOTE_S = 2.0
+
+
+def finished_outputs(path: str, *, wait_s: float = STRAGGLERS_WAIT_S) -> list[str]:
+    """outputs(path), once no process is still writing any of them: a
+    process that outlived the command's first one (an engine whose parent
+    died, a daemon being shut down) holds its capture's write lock until
+    the file is finished (docs/format.md, "While it is written"). After
+    wait_s, or at Ctrl-C, the captures as they are, with a line saying
+    which are still written."""
+    start = time.monotonic()
+    noted = False
+    try:
+        while True:
+            busy = [p for p in outputs(path) if _being_written(p)]
+            waited = time.monotonic() - start
+            if not busy or waited >= wait_s:
+                break
+            if not noted and waited >= STRAGGLERS_NOTE_S:
+                print(f"allocscope: waiting for {len(busy)} process(es) of the command still writing "
+                      f"{', '.join(os.path.basename(p) for p in busy)}", file=sys.stderr)
+                noted = True
+            time.sleep(0.02)
+    except KeyboardInterrupt:
+        busy = [p for p in outputs(path) if _being_written(p)]
+    if busy:
+        print(f"allocscope: still being written by a process of the command (complete when it ends): "
+              f"{', '.join(os.path.relpath(p) for p in busy)}", file=sys.stderr)
+    return outputs(path)
+
+
+def _being_written(path: str) -> bool:
+    """Whether another process holds the capture's write lock."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        # (taken by this process: released by the close below)
+        return False
+    except OSError as e:  # held: EAGAIN or EACCES; a file system without locks says ENOLCK (nothing to wait for)
+        return e.errno in (errno.EAGAIN, errno.EACCES)
+    finally:
+        os.close(fd)
 
 
 def wait_for(cmd: list[str], env: dict[str, str], *, output_to_stderr: bool = False) -> int:

@@ -18,7 +18,7 @@ import sys
 from typing import Any, Sequence
 
 from ..common.errors import InputError
-from .child import command_line, outputs, wait_for
+from .child import command_line, finished_outputs, outputs, wait_for
 from .search import parse_search, search_largest
 from .world import World
 
@@ -172,9 +172,9 @@ class _Runs:
         # A command of several processes (torchrun) shares the cards, as under allocscope run.
         with shared_cards(env, rank is None) as env:
             status = wait_for(cmd, env, output_to_stderr=self.stdout_to_stderr)
+            written = finished_outputs(path)
         if report is not None:
             check_initialized(report, status, rank)
-        written = outputs(path)
         if rank is not None and self.world.size > 1:
             stem, ext = os.path.splitext(path)
             written = [p for p in written if p == f"{stem}.rank{rank}{ext}"]

@@ -12,7 +12,7 @@ import uuid
 from typing import Iterator, Sequence
 
 from ..common.errors import InputError
-from .child import command_line, outputs, wait_for
+from .child import command_line, finished_outputs, outputs, wait_for
 from .world import World
 
 __all__ = ["RunResult", "run_command"]
@@ -74,9 +74,12 @@ def run_command(command: Sequence[str], output: str | None, *, gpu: str | None =
     if world is None:
         with shared_cards(env, gpu is not None) as env:
             status = wait_for(cmd, env)
+            # (on the shared cards still: a process that outlives the first one may use them)
+            captures = finished_outputs(path) if path else []
     else:
         status = run_ranks(cmd, env, world)
-    return RunResult(status, outputs(path) if path else [], recorded)
+        captures = finished_outputs(path) if path else []
+    return RunResult(status, captures, recorded)
 
 
 # Names the run in every capture it writes (metadata "run_id"), so that the

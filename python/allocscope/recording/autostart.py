@@ -5,7 +5,8 @@ of the command imports its sitecustomize, which calls activate(). That
 installs an import hook: when the process imports torch, recording starts
 (CPU), or is set to start when CUDA initializes (CUDA), so that CUDA is never
 initialized earlier than the program itself would. The recording stops at
-interpreter exit (atexit), on SIGTERM (recorder.cpp), or on an exception that
+interpreter exit (atexit), at os._exit (multiprocessing's forked children
+leave that way; exits.py), on SIGTERM (recorder.cpp), or on an exception that
 ends the program. Processes that never import torch record nothing.
 """
 
@@ -18,6 +19,7 @@ from typing import Any, Mapping
 
 from ..common.bootstrap import with_bootstrap
 from ..common.torch_hook import after_torch_import
+from .exits import at_process_exit
 
 __all__ = ["ENV_OPTIONS", "ENV_OUTPUT", "activate", "child_environment", "output_path"]
 
@@ -60,10 +62,8 @@ def _start(options: dict[str, Any]) -> None:
         print(f"allocscope: could not start recording: {e}", file=sys.stderr)
         return
 
-    import atexit
-
-    def _report() -> None:
-        summary = rec.stop("exit")
+    def _report(how: str) -> None:
+        summary = rec.stop(how)
         helper = path != os.environ[ENV_OUTPUT] and os.path.splitext(path)[0].endswith(f".pid{os.getpid()}")
         if summary and helper and not summary.get("error") and _used_no_memory(path):
             # A helper process (Inductor's compile workers, a launcher) that
@@ -77,7 +77,7 @@ def _start(options: dict[str, Any]) -> None:
         if summary:
             print(f"allocscope: recorded {summary.get('events', 0):,} events into {path}", file=sys.stderr)
 
-    atexit.register(_report)
+    at_process_exit(_report)
 
 
 def _used_no_memory(path: str) -> bool:

@@ -15,6 +15,7 @@ from ..common.native import native
 __all__ = ["Phases"]
 
 _PHASE = int(EventKind.PHASE)
+_registered_builtins = False
 
 
 class Phases:
@@ -45,6 +46,7 @@ class Phases:
             torch.autograd.backward = cls._backward  # type: ignore[assignment]
             cls.original_grad = torch.autograd.grad
             torch.autograd.grad = cls._grad  # type: ignore[assignment]
+            _as_torchscript_builtins()
 
     @classmethod
     def discard(cls, w: Any) -> None:
@@ -99,3 +101,27 @@ class Phases:
                 native().backward_nested_end()
             if not nested:
                 Phases.leave_backward()
+
+
+def _as_torchscript_builtins() -> None:
+    """TorchScript knows torch.autograd.grad and backward by identity
+    (torch/jit/_builtins.py) and would try to compile the wrappers as Python
+    functions, which it refuses (they take *args). Registered as the same
+    builtins, a scripted function that calls them compiles to aten::grad and
+    aten::backward as it does unwatched; its calls then do not pass through
+    the wrappers (no backward phase is marked for them). Once per process:
+    the table holds ids, and the wrappers live as long as the process."""
+    global _registered_builtins
+    if _registered_builtins:
+        return
+    _registered_builtins = True
+    try:
+        from torch.jit import _builtins
+    except ImportError:
+        return
+    for fn, op in ((Phases._backward, "aten::backward"), (Phases._grad, "aten::grad")):
+        pending = getattr(_builtins, "_builtin_ops", None)
+        if getattr(_builtins, "_builtin_table", None) is None and isinstance(pending, list):
+            pending.append((fn, op))  # the table is made from these when TorchScript first needs it
+        else:
+            _builtins._register_builtin(fn, op)

@@ -10,7 +10,6 @@ that dies mid-recording leaves a readable prefix.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import json
 import os
@@ -22,6 +21,7 @@ from typing import Any
 from ..capture.format import EventKind
 from ..common.errors import InputError
 from ..common.native import native
+from .exits import EXIT, at_process_exit
 
 __all__ = ["AllocscopeError", "Recording", "mark", "record", "watch"]
 
@@ -39,7 +39,8 @@ class AllocscopeError(InputError, RuntimeError):
 _lock = threading.Lock()
 _active: "Recording | None" = None
 _checkpoint_lock = threading.Lock()
-_atexit_registered = False
+_fork_hook_registered = False
+_exit_handler_pid = 0  # the process whose exit stops its recording (a forked child registers anew)
 
 
 def _device_type(device: Any) -> str | None:
@@ -108,7 +109,7 @@ class Recording:
         return self._running
 
     def start(self) -> "Recording":
-        global _active, _atexit_registered
+        global _active, _fork_hook_registered, _exit_handler_pid
         C = native()
         self.devices = _resolve_devices(self._device) if self._check_cuda else ("cuda",)
         if "cuda" in self.devices and self._check_cuda:
@@ -149,10 +150,12 @@ class Recording:
             from .phases import Phases
 
             Phases.before_forward = checkpoint_if_due  # watches ask for checkpoints where iterations start
-            if not _atexit_registered:
-                atexit.register(_stop_at_exit)
+            if _exit_handler_pid != self._pid:
+                at_process_exit(_stop_at_exit)
+                _exit_handler_pid = self._pid
+            if not _fork_hook_registered:
                 os.register_at_fork(after_in_child=_forget_in_child)
-                _atexit_registered = True
+                _fork_hook_registered = True
         return self
 
     def stop(self, reason: str = "stopped") -> dict[str, Any]:
@@ -458,7 +461,9 @@ def _forget_in_child() -> None:
         _active = None
 
 
-def _stop_at_exit() -> None:
+def _stop_at_exit(how: str) -> None:
+    global _exit_handler_pid
+    _exit_handler_pid = 0  # (run: a recording started after this, at exit, registers anew)
     rec = _active
     if rec is not None:
-        rec.stop("atexit")
+        rec.stop("atexit" if how == EXIT else how)

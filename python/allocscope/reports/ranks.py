@@ -2,14 +2,16 @@
 its peaks, device use, NCCL's memory and the contexts other processes made
 on its card; the worst rank, and where it differs from the median rank
 (category, module, source line, each at that rank's peak of allocated
-memory); then the usual report of the worst rank."""
+memory); then the usual report of the worst rank. A run's processes
+without ranks (spawned workers, an engine process) are compared the same
+way, each named by its pid."""
 
 from __future__ import annotations
 
 from typing import Any, Sequence
 
 from ..capture.reader import Capture
-from ..capture.runs import rank_of
+from ..capture.runs import process_of, rank_of
 from ..common.units import format_bytes
 from .report import build_report, render
 from .text import table
@@ -34,7 +36,8 @@ def _own_card(base: dict[str, Any]) -> dict[str, Any] | None:
 def _row(cap: Capture, report: dict[str, Any]) -> dict[str, Any]:
     dist = cap.metadata.get("distributed") or {}
     row: dict[str, Any] = {
-        "rank": rank_of(cap.path, cap.metadata), "capture": cap.path,
+        "rank": rank_of(cap.path, cap.metadata), "process": process_of(cap.path, cap.metadata),
+        "capture": cap.path,
         "peak_allocated_bytes": report["peak"]["allocated_bytes"],
         "peak_reserved_bytes": (report.get("peak_reserved") or {}).get("reserved_bytes"),
         "device_used_bytes": None, "nccl_bytes": None, "alone": bool(dist.get("alone")),
@@ -107,6 +110,8 @@ def build_ranks(caps: Sequence[Capture], *, top: int = 10) -> dict[str, Any]:
         "world_size": dist.get("world_size"), "run_id": dist.get("run_id"),
         "ranks": rows, "measure": key,
         "worst_rank": rows[worst]["rank"], "median_rank": rows[median]["rank"],
+        "worst_process": rows[worst]["process"], "median_process": rows[median]["process"],
+        "worst_capture": rows[worst]["capture"], "median_capture": rows[median]["capture"],
         "worst_over_median_bytes": _measure(rows[worst])[1] - _measure(rows[median])[1],
         "differences": _differences(reports[worst], reports[median], top) if worst != median else [],
         "worst": reports[worst],
@@ -125,12 +130,15 @@ def _size(n: int | None) -> str:
 def render_ranks(doc: dict[str, Any], top: int = 10) -> str:
     world = doc.get("world_size")
     alone = any(r.get("alone") for r in doc["ranks"])
-    head = f"allocscope: {len(doc['ranks'])} rank{'s' if len(doc['ranks']) != 1 else ''}"
+    # Named by rank where every process has one (a job's ranks), else by process
+    noun = "rank" if all(r["rank"] is not None for r in doc["ranks"]) else "process"
+    n = len(doc["ranks"])
+    head = f"allocscope: {n} {noun if n == 1 else _plural(noun)}"
     head += f" of a job of {world}" if world else ""
     head += " (each run alone)" if alone else ""
     lines = [head, ""]
     has_virtual = any("other_contexts" in r for r in doc["ranks"])
-    header = ["rank", "card", "peak allocated", "peak reserved", "device used", "NCCL"]
+    header = [noun, "card", "peak allocated", "peak reserved", "device used", "NCCL"]
     if has_virtual:
         header.append("others' contexts on it")
     has_stray = any(r.get("stray_cards") for r in doc["ranks"])
@@ -138,7 +146,7 @@ def render_ranks(doc: dict[str, Any], top: int = 10) -> str:
         header.append("also on cards")
     rows = [tuple(header + ["capture"])]
     for r in doc["ranks"]:
-        cells = ["?" if r["rank"] is None else str(r["rank"]), f"cuda:{r['card']}" if "card" in r else "?",
+        cells = [_name(r, noun), f"cuda:{r['card']}" if "card" in r else "?",
                  _size(r["peak_allocated_bytes"]), _size(r["peak_reserved_bytes"]), _size(r["device_used_bytes"]),
                  _size(r.get("nccl_bytes"))]
         if has_virtual:
@@ -150,28 +158,29 @@ def render_ranks(doc: dict[str, Any], top: int = 10) -> str:
     lines += table(rows, set(range(2, len(header))) - {len(header) - 1} if has_stray else set(range(2, len(header))))
     stray = [r for r in doc["ranks"] if r.get("stray_cards")]
     if stray:
-        lines.append("  ranks holding memory (a CUDA context at least) on another rank's card: "
-                     + "; ".join(f"rank {r['rank']} on {', '.join(f'cuda:{c}' for c in r['stray_cards'])}"
+        lines.append(f"  {_plural(noun)} holding memory (a CUDA context at least) on "
+                     f"another {noun}'s card: "
+                     + "; ".join(f"{_process(r)} on {', '.join(f'cuda:{c}' for c in r['stray_cards'])}"
                                  for r in stray)
                      + " (a missing torch.cuda.set_device before the first CUDA call?)")
     measure = _MEASURE_NAMES[doc["measure"]]
+    worst = next(r for r in doc["ranks"] if r["capture"] == doc["worst_capture"])
+    median = next(r for r in doc["ranks"] if r["capture"] == doc["median_capture"])
     lines.append("")
-    if doc["worst_rank"] == doc["median_rank"]:
-        lines.append(f"the worst rank by {measure}: rank {doc['worst_rank']}")
+    if worst is median:
+        lines.append(f"the worst {noun} by {measure}: {_process(worst)}")
     else:
-        lines.append(f"the worst rank by {measure}: rank {doc['worst_rank']}, "
-                     f"{format_bytes(doc['worst_over_median_bytes'])} over the median rank ({doc['median_rank']})")
+        lines.append(f"the worst {noun} by {measure}: {_process(worst)}, "
+                     f"{format_bytes(doc['worst_over_median_bytes'])} over the median {noun} ({_name(median, noun)})")
         if doc["differences"]:
-            lines.append("where it differs from the median rank (each at its peak of allocated memory):")
-            lines += table([("", "", f"rank {doc['worst_rank']}", f"rank {doc['median_rank']}", "difference")] +
+            lines.append(f"where it differs from the median {noun} (each at its peak of allocated memory):")
+            lines += table([("", "", _process(worst), _process(median), "difference")] +
                            [(d["dimension"], d["name"], format_bytes(d["worst_bytes"]), format_bytes(d["median_bytes"]),
                              ("+" if d["difference_bytes"] > 0 else "-") + format_bytes(abs(d["difference_bytes"])))
                             for d in doc["differences"]], {2, 3, 4})
         else:
-            lines.append("  no category, module or line differs by 1 MiB or more at the two ranks' peaks: the "
-                         "difference is in cached memory or outside the allocator")
-        worst = next(r for r in doc["ranks"] if r["rank"] == doc["worst_rank"])
-        median = next(r for r in doc["ranks"] if r["rank"] == doc["median_rank"])
+            lines.append(f"  no category, module or line differs by 1 MiB or more at the two {_plural(noun)}' peaks: "
+                         "the difference is in cached memory or outside the allocator")
         extra = (worst.get("other_contexts") or 0) - (median.get("other_contexts") or 0)
         if extra > 0:
             lines.append(f"  other processes created {extra} more CUDA context{'s' if extra > 1 else ''} on its card "
@@ -179,5 +188,21 @@ def render_ranks(doc: dict[str, Any], top: int = 10) -> str:
         nccl = (worst.get("nccl_bytes") or 0) - (median.get("nccl_bytes") or 0)
         if nccl:
             lines.append(f"  NCCL's buffers: {'+' if nccl > 0 else '-'}{format_bytes(abs(nccl))}")
-    lines += ["", f"rank {doc['worst_rank']} (the worst):", render(doc["worst"], top)]
+    lines += ["", f"{_process(worst)} (the worst):", render(doc["worst"], top)]
     return "\n".join(lines)
+
+
+def _plural(noun: str) -> str:
+    return noun + ("es" if noun.endswith("s") else "s")
+
+
+def _process(row: dict[str, Any]) -> str:
+    """"rank 3", "pid 4242" (documents written before processes were named: rank N)."""
+    return row.get("process") or f"rank {row['rank']}"
+
+
+def _name(row: dict[str, Any], noun: str) -> str:
+    """The process's name in a column headed `noun` ("rank": its number)."""
+    if noun == "rank":
+        return str(row["rank"])
+    return _process(row) if row["rank"] is None else f"rank {row['rank']}"

@@ -87,23 +87,29 @@ function drawRanks() {
   if (!R) return;
   document.getElementById("ranks-section").style.display = "";
   const of = R.world_size ? ` of a job of ${R.world_size}` : "";
+  // a job's ranks, or the processes of a run (some without a rank: named by pid)
+  const byRank = R.ranks.every((r) => r.rank != null);
+  const name = (r) => r.process || `rank ${r.rank}`;
+  const worst = R.ranks.find((r) => r.capture === R.worst_capture) || R.ranks.find((r) => r.rank === R.worst_rank);
+  const median = R.ranks.find((r) => r.capture === R.median_capture) || R.ranks.find((r) => r.rank === R.median_rank);
   document.getElementById("ranks-title").textContent =
-    `${R.ranks.length} ranks${of}: this page reports the worst, rank ${R.worst_rank}`;
+    `${R.ranks.length} ${byRank ? "ranks" : "processes"}${of}: this page reports the worst, ${name(worst)}`;
   const t = document.getElementById("ranks-table");
   const b = (v) => (v == null ? "?" : fmtBytes(v));
   const head = html("tr", {}, t);
-  for (const h of ["rank", "card", "peak allocated", "peak reserved", "device used", "NCCL", "others' contexts on it", "also on cards"]) html("th", {}, head, h);
+  for (const h of [byRank ? "rank" : "process", "card", "peak allocated", "peak reserved", "device used", "NCCL", "others' contexts on it", "also on cards"]) html("th", {}, head, h);
   for (const r of R.ranks) {
-    const tr = html("tr", r.rank === R.worst_rank ? { class: "worst" } : {}, t);
-    html("td", {}, tr, r.rank == null ? "?" : String(r.rank));
+    const tr = html("tr", r === worst ? { class: "worst" } : {}, t);
+    html("td", {}, tr, byRank ? String(r.rank) : name(r));
     html("td", {}, tr, r.card == null ? "?" : `cuda:${r.card}`);
     for (const k of ["peak_allocated_bytes", "peak_reserved_bytes", "device_used_bytes", "nccl_bytes"]) html("td", { class: "num" }, tr, b(r[k]));
     html("td", { class: "num" }, tr, r.other_contexts == null ? "?" : r.other_contexts ? `${r.other_contexts} (${fmtBytes(r.other_contexts_bytes)})` : "0");
     html("td", {}, tr, (r.stray_cards || []).map((c) => `cuda:${c}`).join(", ") || "-");
   }
   const notes = document.getElementById("ranks-notes");
-  if (R.worst_rank !== R.median_rank) {
-    html("div", {}, notes, `Rank ${R.worst_rank} uses ${fmtBytes(R.worst_over_median_bytes)} more than the median rank (${R.median_rank}).`);
+  if (worst !== median) {
+    const noun = byRank ? "rank" : "process";
+    html("div", {}, notes, `${name(worst)[0].toUpperCase()}${name(worst).slice(1)} uses ${fmtBytes(R.worst_over_median_bytes)} more than the median ${noun} (${byRank ? median.rank : name(median)}).`);
     for (const d of R.differences) {
       const sign = d.difference_bytes > 0 ? "+" : "-";
       html("div", { class: "muted" }, notes, `${d.dimension} ${d.name}: ${sign}${fmtBytes(Math.abs(d.difference_bytes))} (${fmtBytes(d.worst_bytes)} against ${fmtBytes(d.median_bytes)})`);
