@@ -134,6 +134,10 @@ PIP_INSTALL = -m pip install -q
 # accelerate and lightning (the training-framework callbacks,
 # allocscope.integrations). Not needed by allocscope itself.
 OPTIONAL_DEPS := ipython transformers accelerate lightning
+# On the compat torch, for the scripts of real programs that depend on torch's
+# version (tests/integration/test_process_forms.py: transformers imported
+# first, accelerate launch).
+COMPAT_OPTIONAL_DEPS := transformers accelerate
 
 $(VENV)/.deps:
 	$(PYTHON) -m venv $(VENV)
@@ -153,6 +157,7 @@ test-compat:
 	@if [ ! -f $(COMPAT_VENV)/.deps ]; then \
 	  $(PYTHON) -m venv $(COMPAT_VENV) && \
 	  $(COMPAT_VENV)/bin/python $(PIP_INSTALL) torch==$(COMPAT_TORCH) pybind11 ninja pytest numpy hypothesis setuptools wheel \
+	  && $(COMPAT_VENV)/bin/python $(PIP_INSTALL) $(COMPAT_OPTIONAL_DEPS) \
 	  && touch $(COMPAT_VENV)/.deps \
 	  || { echo "WARNING: torch $(COMPAT_TORCH) could not be installed: compatibility build not tested"; \
 	       [ "$$CI" != true ]; exit; }; \

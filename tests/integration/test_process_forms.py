@@ -21,6 +21,7 @@ from allocscope.allocator.recorded import recorded_reserved
 from allocscope.capture.runs import run_files
 
 from ..conftest import ROOT
+from .test_frameworks import optional
 
 SCRIPTS = os.path.join(ROOT, "tests", "scripts")
 FORMS = os.path.join(SCRIPTS, "process_forms.py")
@@ -37,7 +38,7 @@ def _console_script(name):
 def _command(form, tmp_path):
     """The command line of a form, as a user types it, and the cards it needs."""
     if form == "hf_first":
-        pytest.importorskip("transformers")
+        optional("transformers")
         return [sys.executable, os.path.join(SCRIPTS, "hf_first.py")], "H100-80GB"
     if form == "probe_first":
         (tmp_path / "probe.py").write_text(PROBE)
@@ -51,7 +52,7 @@ def _command(form, tmp_path):
         torchrun = _console_script("torchrun")
         return [torchrun, "--standalone", "--nproc-per-node", "2", FORMS, "plain"], "2xH100-80GB"
     if form == "accelerate":
-        pytest.importorskip("accelerate")
+        optional("accelerate")
         accelerate = _console_script("accelerate")
         return [accelerate, "launch", "--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no",
                 "--dynamo_backend", "no", FORMS, "accelerate"], "H100-80GB"

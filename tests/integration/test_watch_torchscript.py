@@ -24,8 +24,9 @@ def _scripted():
         torch.autograd.backward([(x * x * x).sum()])
         return x
 
-    with warnings.catch_warnings():  # (torch.jit.script is deprecated in torch 2.14)
+    with warnings.catch_warnings():  # (torch.jit.script is deprecated: FutureWarning in 2.14, DeprecationWarning in 2.11)
         warnings.simplefilter("ignore", FutureWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)
         return torch.jit.script(grad), torch.jit.script(backward)
 
 

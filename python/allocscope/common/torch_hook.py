@@ -52,18 +52,25 @@ class _TorchImportHook(importlib.abc.MetaPathFinder):
             return None
         spec = self._find_with_the_others(name, path, target)
         loader = getattr(spec, "loader", None) if spec is not None else None
-        if loader is None or isinstance(loader, type) or not hasattr(loader, "exec_module"):
+        exec_module = getattr(loader, "exec_module", None)
+        if exec_module is None or isinstance(loader, type) or getattr(exec_module, "_allocscope_hook", False):
             return spec
-        # An attribute of this loader object (the finders make one per spec),
-        # so that torch.__loader__ stays the loader it would have been.
-        exec_module = loader.exec_module
 
         def exec_then_run(module: Any) -> None:
             exec_module(module)
             if getattr(module, "__name__", None) == "torch":
+                # (a loader that serves other modules too: theirs as before)
+                if getattr(loader, "__dict__", {}).get("exec_module") is exec_then_run:
+                    del loader.exec_module
                 self._done()
 
-        loader.exec_module = exec_then_run  # type: ignore[method-assign]
+        exec_then_run._allocscope_hook = True  # type: ignore[attr-defined]
+        # An attribute of this loader object (the path finders make one per
+        # spec), so that torch.__loader__ stays the loader it would have been.
+        try:
+            loader.exec_module = exec_then_run
+        except (AttributeError, TypeError):  # (a loader with slots: the next import notices torch instead)
+            pass
         return spec
 
     def _find_with_the_others(self, name: str, path: Any, target: Any) -> Any:
