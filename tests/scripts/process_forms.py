@@ -15,9 +15,14 @@ import sys
 import time
 
 
-def train(device=None, wrap=None):
+def said(max_reserved):
     import json
 
+    with open(os.environ["FORMS_TRUTH"], "a") as f:
+        f.write(json.dumps({"pid": os.getpid(), "max_reserved": max_reserved}) + "\n")
+
+
+def train(device=None, wrap=None):
     import torch
     from torch import nn
 
@@ -32,8 +37,7 @@ def train(device=None, wrap=None):
         opt.step()
         opt.zero_grad()
     torch.cuda.synchronize(device)
-    with open(os.environ["FORMS_TRUTH"], "a") as f:
-        f.write(json.dumps({"pid": os.getpid(), "max_reserved": torch.cuda.max_memory_reserved(device)}) + "\n")
+    said(torch.cuda.max_memory_reserved(device))
 
 
 def spawned(index):
@@ -78,12 +82,17 @@ def engine(ready, parent_death):
         time.sleep(0.01)
 
 
-def serve(parent_death):
+def serve(parent_death, method="fork"):
+    """The parent imports torch and never initializes CUDA, so that it can
+    fork the engine; or (method "spawn", as vLLM does where CUDA is up)
+    initializes CUDA, holds no memory, and spawns it."""
     import multiprocessing
 
-    import torch  # noqa: F401  (the parent imports torch and never initializes CUDA)
+    import torch
 
-    ctx = multiprocessing.get_context("fork")
+    if method == "spawn":
+        torch.cuda.init()
+    ctx = multiprocessing.get_context(method)
     ready = ctx.Event()
     proc = ctx.Process(target=engine, args=(ready, parent_death), daemon=True)
     proc.start()
@@ -94,6 +103,8 @@ def serve(parent_death):
     proc.terminate()
     proc.join()
     print("engine exit code", proc.exitcode)
+    if method == "spawn":
+        said(torch.cuda.max_memory_reserved())
 
 
 def main(form):
@@ -111,6 +122,8 @@ def main(form):
         dataloader_fork()
     elif form in ("engine", "engine_orphaned"):
         serve(parent_death=form == "engine_orphaned")
+    elif form == "engine_spawned":
+        serve(parent_death=False, method="spawn")
     elif form == "accelerate":
         from accelerate import Accelerator
 

@@ -178,8 +178,8 @@ class _Runs:
         if rank is not None and self.world.size > 1:
             stem, ext = os.path.splitext(path)
             written = [p for p in written if p == f"{stem}.rank{rank}{ext}"]
-        cap = load(written[0], salvage=True) if written else None
-        card = card_result(gpu, status, cap, capture_path=os.path.relpath(written[0]) if written else None,
+        cap = _card_process([load(p, salvage=True) for p in written]) if written else None
+        card = card_result(gpu, status, cap, capture_path=os.path.relpath(cap.path) if cap is not None else None,
                            top=self.top)
         if rank is not None:
             card = {"rank": rank, **card}
@@ -225,6 +225,23 @@ class _Runs:
             print(f"allocscope fit: {len(known)} values on a virtual {gpu} foreseen from runs on "
                   f"{', '.join(g for _, g in larger)}", file=sys.stderr)
         return known
+
+
+def _card_process(caps: list[Any]) -> Any:
+    """The capture a card's verdict is read from, where the command ran
+    several processes on it (an engine process beside its parent, spawned
+    workers): one that ran out of memory, else the one that reserved the
+    most (a parent that only initialized CUDA reserved nothing)."""
+    from ..allocator.recorded import recorded_reserved
+    from ..capture.format import EventKind
+
+    if len(caps) == 1:
+        return caps[0]
+
+    def weight(cap: Any) -> tuple[bool, int]:
+        return bool((cap.events.kind == EventKind.OOM).any()), int(recorded_reserved(cap).max())
+
+    return max(caps, key=weight)  # (ties: the first, the command's first process)
 
 
 def _stem(gpu: str) -> str:

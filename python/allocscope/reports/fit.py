@@ -58,7 +58,8 @@ def _device(cap: Capture) -> dict[str, Any]:
 def card_result(gpu: str, status: int, cap: Capture | None, *, capture_path: str | None = None,
                 top: int = 5, report: dict[str, Any] | None = None) -> dict[str, Any]:
     """One card's entry of the fit document. status: the command's exit
-    status; cap: the capture of its (first) process, None if none was written;
+    status; cap: the capture of its process (of several, the one
+    harness/fit.py chose), None if none was written;
     report: its build_report(cap), where already made."""
     out: dict[str, Any] = {"gpu": gpu, "exit_status": status, "capture": capture_path}
     if cap is None:
