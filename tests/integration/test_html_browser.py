@@ -332,3 +332,29 @@ def test_the_page_of_a_run_opens_with_its_ranks(browser, page, tmp_path):
     assert browser.evaluate("document.querySelectorAll('img').length") == 0
     notes = browser.evaluate("document.getElementById('ranks-notes').textContent")
     assert "median rank (1)" in notes and "activation" in notes
+
+
+def test_the_page_of_a_run_of_processes_names_them_by_pid(browser, page, tmp_path):
+    """A run whose processes have no rank (spawned workers, an engine
+    process beside its parent: FILE and FILE.pidN) is drawn by process."""
+    cap = allocscope.load(page.replace(".html", ".alsc"))
+    row = {"card": 0, "peak_allocated_bytes": 1 << 30, "peak_reserved_bytes": 3 << 29, "nccl_bytes": None,
+           "device_used_bytes": None, "other_contexts": 0, "other_contexts_bytes": 0, "stray_cards": [],
+           "alone": False, "rank": None}
+    ranks = {"schema": "allocscope.ranks/1", "world_size": None, "run_id": "r", "measure": "peak_reserved_bytes",
+             "ranks": [row | {"process": "pid 41", "capture": "a.alsc", "peak_reserved_bytes": 1 << 20},
+                       row | {"process": "pid 42", "capture": "a.pid42.alsc"}],
+             "worst_rank": None, "median_rank": None, "worst_process": "pid 42", "median_process": "pid 41",
+             "worst_capture": "a.pid42.alsc", "median_capture": "a.alsc", "worst_over_median_bytes": 1 << 30,
+             "differences": []}
+    path = str(tmp_path / "processes.html")
+    write_html(cap, path, progress=False, ranks=ranks | {"worst": {}})
+    browser.open(path)
+    assert browser.console_errors() == []
+    assert browser.evaluate("document.getElementById('ranks-title').textContent") == \
+        "2 processes: this page reports the worst, pid 42"
+    rows = browser.evaluate("Array.from(document.querySelectorAll('#ranks-table tr'))"
+                            ".map((tr) => tr.className + '|' + tr.textContent).join('\\n')").splitlines()
+    assert rows[0].startswith("|process") and rows[1].startswith("|pid 41") and rows[2].startswith("worst|pid 42")
+    notes = browser.evaluate("document.getElementById('ranks-notes').textContent")
+    assert "The process with pid 42 uses 1.00 GiB more than the median process (pid 41)" in notes

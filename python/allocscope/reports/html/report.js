@@ -109,7 +109,7 @@ function drawRanks() {
   const notes = document.getElementById("ranks-notes");
   if (worst !== median) {
     const noun = byRank ? "rank" : "process";
-    html("div", {}, notes, `${name(worst)[0].toUpperCase()}${name(worst).slice(1)} uses ${fmtBytes(R.worst_over_median_bytes)} more than the median ${noun} (${byRank ? median.rank : name(median)}).`);
+    html("div", {}, notes, `${byRank ? `Rank ${worst.rank}` : `The process with ${name(worst)}`} uses ${fmtBytes(R.worst_over_median_bytes)} more than the median ${noun} (${byRank ? median.rank : name(median)}).`);
     for (const d of R.differences) {
       const sign = d.difference_bytes > 0 ? "+" : "-";
       html("div", { class: "muted" }, notes, `${d.dimension} ${d.name}: ${sign}${fmtBytes(Math.abs(d.difference_bytes))} (${fmtBytes(d.worst_bytes)} against ${fmtBytes(d.median_bytes)})`);
