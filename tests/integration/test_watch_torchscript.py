@@ -24,7 +24,8 @@ def _scripted():
         torch.autograd.backward([(x * x * x).sum()])
         return x
 
-    with warnings.catch_warnings():  # (torch.jit.script is deprecated: FutureWarning in 2.14, DeprecationWarning in 2.11)
+    # (torch.jit.script is deprecated: a FutureWarning in torch 2.14, a DeprecationWarning in 2.11)
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         warnings.simplefilter("ignore", DeprecationWarning)
         return torch.jit.script(grad), torch.jit.script(backward)

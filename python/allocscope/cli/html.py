@@ -47,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
     ranks = None
     if len(files) > 1:
         if args.at is not None:
-            raise InputError("--at explains one capture: give one rank's file")
+            raise InputError("--at explains one capture: give one rank's or process's file "
+                             "(FILE.rankN.alsc, FILE.pidN.alsc)")
         caps = load_run(files)
         ranks = build_ranks(caps, top=10)
         cap = caps[[c.path for c in caps].index(ranks["worst_capture"])]

@@ -29,11 +29,13 @@ examples:
   allocscope report long.alsc --steps 100-120
   allocscope report --json step.alsc | jq '.gap'
   allocscope report ddp.alsc                   (every rank of a run: ddp.rank0.alsc, ...)
+  allocscope report serve.alsc                 (every process of a run: serve.alsc, serve.pid4242.alsc, ...)
 
-Given several captures of one run (the ranks of a job), it first compares the
-ranks: per rank the peaks, device used, NCCL's memory and the contexts other
-processes made on its card; the worst rank and where it differs from the
-median rank; then the report of the worst rank.
+Given several captures of one run (the ranks of a job, or the processes of
+a command: an engine process beside its parent, spawned workers), it first
+compares them: per rank (or process) the peaks, device used, NCCL's memory
+and the contexts other processes made on its card; the worst one and where
+it differs from the median one; then the report of the worst.
 """
 
 
@@ -73,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
     files = run_files(args.file)
     if len(files) > 1:
         if args.at is not None or args.steps is not None:
-            raise InputError("--at and --steps report on one capture: give one rank's file")
+            raise InputError("--at and --steps report on one capture: give one rank's or process's file "
+                             "(FILE.rankN.alsc, FILE.pidN.alsc)")
         ranks = build_ranks(load_run(files), top=args.top)
         print(json.dumps(ranks, indent=1) if args.json else render_ranks(ranks, args.top))
         return 0
