@@ -2,10 +2,12 @@
 transformers imported before torch, `python -m`, multiprocessing spawn
 behind a __main__ guard, DataLoader workers forked, a script that ends with
 os._exit, accelerate launch and torchrun, an engine process that serves
-while its parent waits (vLLM's shape) and one orphaned by its parent. Each
-process that used CUDA leaves a complete capture whose peak reserved is
-torch's own in that process (the scripts append torch's figures to a
-file), under `run`, `run --watch` and `fit`, on the virtual GPU."""
+while its parent waits (vLLM's shape), ended by SIGTERM with a handler or
+without, or orphaned by its parent, or spawned by a parent that initialized
+CUDA. Each process that used CUDA leaves a complete capture whose peak
+reserved is torch's own in that process (the scripts append torch's
+figures to a file), under `run`, `run --watch` and `fit`, on the virtual
+GPU."""
 
 import json
 import os
@@ -71,7 +73,8 @@ PROBE = textwrap.dedent("""\
 
 # form -> its exit status
 FORMS_RUN = {"probe_first": 0, "hf_first": 0, "module": 0, "spawn": 0, "dataloader_fork": 0, "os_exit": 0,
-             "torchrun": 0, "accelerate": 0, "engine": 0, "engine_orphaned": 128 + 9, "engine_spawned": 0}
+             "torchrun": 0, "accelerate": 0, "engine": 0, "engine_orphaned": 128 + 9, "engine_daemon": 0,
+             "engine_spawned": 0}
 
 
 # the models a watch names in each form (train()'s Sequential, but for these)
@@ -120,6 +123,9 @@ def test_each_form_records_every_process_that_used_cuda(tmp_path, form):
     if form == "os_exit" or form in ("engine", "engine_orphaned"):
         # multiprocessing's forked children leave by os._exit, and so does the script
         assert [c.footer["reason"] for c in caps] == ["os._exit"]
+    if form == "engine_daemon":
+        # the parent's exit terminated it (multiprocessing's daemonic children): SIGTERM's default action
+        assert [c.footer["reason"] for c in caps] == ["SIGTERM"]
     if form == "engine_orphaned":
         # the run ended when the parent died; the engine finished its file a second later
         assert "allocscope: wrote forms.alsc" in result.stderr

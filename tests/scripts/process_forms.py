@@ -59,18 +59,20 @@ def dataloader_fork():
     train()
 
 
-def engine(ready, parent_death):
+def engine(ready, parent_death, handler=True):
     """vLLM's engine core: a forked child runs the model and serves until
     its parent ends it with SIGTERM, which a handler turns into SystemExit
-    (as vLLM's does); or, where the parent dies, until the parent-death
-    signal comes, on which it shuts down for a while (the run has ended by
-    then: it must wait for this capture)."""
+    (as vLLM's does; without the handler, SIGTERM's default action kills
+    it); or, where the parent dies, until the parent-death signal comes, on
+    which it shuts down for a while (the run has ended by then: it must
+    wait for this capture)."""
     def shutdown(signum, frame):
         if parent_death:
             time.sleep(1.0)
         raise SystemExit()
 
-    signal.signal(signal.SIGTERM, shutdown)
+    if handler:
+        signal.signal(signal.SIGTERM, shutdown)
     if parent_death:
         import ctypes
 
@@ -82,10 +84,12 @@ def engine(ready, parent_death):
         time.sleep(0.01)
 
 
-def serve(parent_death, method="fork"):
+def serve(parent_death, method="fork", daemon_left=False):
     """The parent imports torch and never initializes CUDA, so that it can
     fork the engine; or (method "spawn", as vLLM does where CUDA is up)
-    initializes CUDA, holds no memory, and spawns it."""
+    initializes CUDA, holds no memory, and spawns it. daemon_left: the
+    parent just returns, and multiprocessing's exit terminates the engine
+    (a daemonic process without a SIGTERM handler)."""
     import multiprocessing
 
     import torch
@@ -94,10 +98,12 @@ def serve(parent_death, method="fork"):
         torch.cuda.init()
     ctx = multiprocessing.get_context(method)
     ready = ctx.Event()
-    proc = ctx.Process(target=engine, args=(ready, parent_death), daemon=True)
+    proc = ctx.Process(target=engine, args=(ready, parent_death, not daemon_left), daemon=True)
     proc.start()
     if not ready.wait(120):
         raise SystemExit("the engine did not start")
+    if daemon_left:
+        return
     if parent_death:
         os.kill(os.getpid(), signal.SIGKILL)
     proc.terminate()
@@ -122,6 +128,8 @@ def main(form):
         dataloader_fork()
     elif form in ("engine", "engine_orphaned"):
         serve(parent_death=form == "engine_orphaned")
+    elif form == "engine_daemon":
+        serve(parent_death=False, daemon_left=True)
     elif form == "engine_spawned":
         serve(parent_death=False, method="spawn")
     elif form == "accelerate":
