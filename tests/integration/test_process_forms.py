@@ -280,3 +280,26 @@ def test_os_exit_in_a_forked_child_leaves_the_parents_recording_alone(tmp_path):
     assert cap.complete and cap.footer["reason"] == "stopped"
     sizes = set(cap.events.size.tolist())
     assert {12345 * 4, 54321 * 4} <= sizes and 777 * 4 not in sizes
+
+
+@pytest.mark.torch_agnostic
+def test_os_exit_from_a_signal_handler_in_the_middle_of_stop_finishes_the_file(tmp_path):
+    """A SIGTERM handler that calls os._exit can run while the same thread
+    is inside stop(): the exit finishes the capture instead of waiting on
+    stop's lock forever (stood in for by os._exit from inside stop)."""
+    code = textwrap.dedent(f"""\
+        import os, torch, allocscope
+        from allocscope.recording import session
+        rec = allocscope.record({str(tmp_path / 'mid.alsc')!r}, device="cpu").__enter__()
+        x = torch.empty(4321)
+        uninstall = session.Recording._uninstall
+        def signal_arrives(self, C):
+            session.Recording._uninstall = uninstall
+            os._exit(5)
+        session.Recording._uninstall = signal_arrives
+        rec.stop()
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 5, r.stderr[-3000:]
+    cap = allocscope.load(tmp_path / "mid.alsc")
+    assert cap.complete and cap.footer["reason"] == "os._exit" and (cap.events.size == 4321 * 4).any()

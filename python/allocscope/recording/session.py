@@ -36,7 +36,10 @@ class AllocscopeError(InputError, RuntimeError):
     """A recording cannot start as asked (the message says why, in one line)."""
 
 
-_lock = threading.Lock()
+# Reentrant: a signal handler that calls os._exit (or raises SystemExit) can
+# run in the middle of stop() on the same thread, and the exit then stops
+# the recording itself (exits.py) instead of waiting on itself forever.
+_lock = threading.RLock()
 _active: "Recording | None" = None
 _checkpoint_lock = threading.Lock()
 _fork_hook_registered = False
