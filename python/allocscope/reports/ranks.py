@@ -197,12 +197,10 @@ def _plural(noun: str) -> str:
 
 
 def _process(row: dict[str, Any]) -> str:
-    """"rank 3", "pid 4242" (documents written before processes were named: rank N)."""
-    return row.get("process") or f"rank {row['rank']}"
+    """"rank 3", "pid 4242"."""
+    return str(row["process"])
 
 
 def _name(row: dict[str, Any], noun: str) -> str:
-    """The process's name in a column headed `noun` ("rank": its number)."""
-    if noun == "rank":
-        return str(row["rank"])
-    return _process(row) if row["rank"] is None else f"rank {row['rank']}"
+    """The process's name in a column headed `noun` (under "rank": its number)."""
+    return str(row["rank"]) if noun == "rank" else _process(row)
