@@ -74,6 +74,11 @@ def engine(ready, parent_death, handler=True):
     if handler:
         signal.signal(signal.SIGTERM, shutdown)
     if parent_death:
+        # It keeps none of the command's output pipes (as an engine logging
+        # to files): nothing but allocscope run waits for it to end.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
         import ctypes
 
         PR_SET_PDEATHSIG = 1
