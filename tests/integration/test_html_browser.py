@@ -310,12 +310,15 @@ def test_the_page_of_a_run_opens_with_its_ranks(browser, page, tmp_path):
     row = {"card": 0, "peak_allocated_bytes": 1 << 30, "peak_reserved_bytes": 3 << 29, "nccl_bytes": 640 << 20,
            "other_contexts": 0, "other_contexts_bytes": 0, "stray_cards": [], "alone": False}
     ranks = {"schema": "allocscope.ranks/1", "world_size": 3, "run_id": "r", "measure": "device_used_bytes",
-             "ranks": [row | {"rank": 0, "capture": "a.rank0.alsc", "device_used_bytes": 5 << 30,
+             "ranks": [row | {"rank": 0, "process": "rank 0", "capture": "a.rank0.alsc", "device_used_bytes": 5 << 30,
                               "other_contexts": 2, "other_contexts_bytes": 1 << 30},
-                       row | {"rank": 1, "capture": "<img src=x onerror=alert(1)>", "card": 1,
+                       row | {"rank": 1, "process": "rank 1", "capture": "<img src=x onerror=alert(1)>", "card": 1,
                               "device_used_bytes": 4 << 30, "stray_cards": [0]},
-                       row | {"rank": 2, "capture": "a.rank2.alsc", "card": 2, "device_used_bytes": 4 << 30}],
-             "worst_rank": 0, "median_rank": 1, "worst_over_median_bytes": 1 << 30,
+                       row | {"rank": 2, "process": "rank 2", "capture": "a.rank2.alsc", "card": 2,
+                              "device_used_bytes": 4 << 30}],
+             "worst_rank": 0, "median_rank": 1, "worst_process": "rank 0", "median_process": "rank 1",
+             "worst_capture": "a.rank0.alsc", "median_capture": "<img src=x onerror=alert(1)>",
+             "worst_over_median_bytes": 1 << 30,
              "differences": [{"dimension": "category", "name": "activation", "worst_bytes": 3 << 20,
                               "median_bytes": 1 << 20, "difference_bytes": 2 << 20}]}
     path = str(tmp_path / "run.html")

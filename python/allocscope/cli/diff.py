@@ -66,7 +66,7 @@ def _one(name: str, side: str):  # -> Capture
 
     from .. import load
     from ..capture.runs import load_run, run_files
-    from ..reports.ranks import build_ranks
+    from ..reports.ranks import build_ranks, named_by
 
     files = run_files(name)
     if len(files) == 1:
@@ -74,7 +74,7 @@ def _one(name: str, side: str):  # -> Capture
     caps = load_run(files)
     doc = build_ranks(caps, top=1)
     worst = doc["worst_capture"]
-    noun = "ranks" if all(r["rank"] is not None for r in doc["ranks"]) else "processes"
+    noun = "ranks" if named_by(doc) == "rank" else "processes"
     print(f"allocscope diff: {side} is a run of {len(caps)} {noun}: comparing its worst, {doc['worst_process']} "
           f"({worst})", file=sys.stderr)
     return next(c for c in caps if c.path == worst)

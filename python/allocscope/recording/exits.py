@@ -31,12 +31,14 @@ _os_exit: Any = None  # the real os._exit, once it is wrapped
 
 def at_process_exit(handler: Callable[[str], None]) -> None:
     """Calls handler(EXIT or OS_EXIT) when this process ends by a normal
-    exit or by os._exit, whichever comes first; not in a forked child."""
+    exit or by os._exit, whichever comes first; not in a forked child.
+    A handler already waiting is not added twice."""
     global _owner_pid
     if _owner_pid != os.getpid():
         _handlers.clear()
         _owner_pid = os.getpid()
-    _handlers.append(handler)
+    if handler not in _handlers:
+        _handlers.append(handler)
     _install()
 
 
@@ -46,7 +48,6 @@ def _install() -> None:
         return
     _os_exit = os._exit
     atexit.register(_run, EXIT)
-    os.register_at_fork(after_in_child=_handlers.clear)
 
     @functools.wraps(_os_exit)
     def _exit(status: int, /) -> None:

@@ -43,7 +43,6 @@ _lock = threading.RLock()
 _active: "Recording | None" = None
 _checkpoint_lock = threading.Lock()
 _fork_hook_registered = False
-_exit_handler_pid = 0  # the process whose exit stops its recording (a forked child registers anew)
 
 
 def _device_type(device: Any) -> str | None:
@@ -112,7 +111,7 @@ class Recording:
         return self._running
 
     def start(self) -> "Recording":
-        global _active, _fork_hook_registered, _exit_handler_pid
+        global _active, _fork_hook_registered
         C = native()
         self.devices = _resolve_devices(self._device) if self._check_cuda else ("cuda",)
         if "cuda" in self.devices and self._check_cuda:
@@ -153,9 +152,7 @@ class Recording:
             from .phases import Phases
 
             Phases.before_forward = checkpoint_if_due  # watches ask for checkpoints where iterations start
-            if _exit_handler_pid != self._pid:
-                at_process_exit(_stop_at_exit)
-                _exit_handler_pid = self._pid
+            at_process_exit(_stop_at_exit)
             if not _fork_hook_registered:
                 os.register_at_fork(after_in_child=_forget_in_child)
                 _fork_hook_registered = True
@@ -465,8 +462,6 @@ def _forget_in_child() -> None:
 
 
 def _stop_at_exit(how: str) -> None:
-    global _exit_handler_pid
-    _exit_handler_pid = 0  # (run: a recording started after this, at exit, registers anew)
     rec = _active
     if rec is not None:
         rec.stop("atexit" if how == EXIT else how)

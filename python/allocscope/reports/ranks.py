@@ -16,7 +16,7 @@ from ..common.units import format_bytes
 from .report import build_report, render
 from .text import table
 
-__all__ = ["RANKS_SCHEMA", "build_ranks", "render_ranks"]
+__all__ = ["RANKS_SCHEMA", "build_ranks", "named_by", "render_ranks"]
 
 RANKS_SCHEMA = "allocscope.ranks/1"
 # Differences smaller than this are noise of one allocation's rounding.
@@ -130,8 +130,7 @@ def _size(n: int | None) -> str:
 def render_ranks(doc: dict[str, Any], top: int = 10) -> str:
     world = doc.get("world_size")
     alone = any(r.get("alone") for r in doc["ranks"])
-    # Named by rank where every process has one (a job's ranks), else by process
-    noun = "rank" if all(r["rank"] is not None for r in doc["ranks"]) else "process"
+    noun = named_by(doc)
     n = len(doc["ranks"])
     head = f"allocscope: {n} {noun if n == 1 else _plural(noun)}"
     head += f" of a job of {world}" if world else ""
@@ -190,6 +189,12 @@ def render_ranks(doc: dict[str, Any], top: int = 10) -> str:
             lines.append(f"  NCCL's buffers: {'+' if nccl > 0 else '-'}{format_bytes(abs(nccl))}")
     lines += ["", f"{_process(worst)} (the worst):", render(doc["worst"], top)]
     return "\n".join(lines)
+
+
+def named_by(doc: dict[str, Any]) -> str:
+    """"rank" where every process of the run has one (a job's ranks), else
+    "process" (named by pid)."""
+    return "rank" if all(r["rank"] is not None for r in doc["ranks"]) else "process"
 
 
 def _plural(noun: str) -> str:

@@ -89,9 +89,9 @@ function drawRanks() {
   const of = R.world_size ? ` of a job of ${R.world_size}` : "";
   // a job's ranks, or the processes of a run (some without a rank: named by pid)
   const byRank = R.ranks.every((r) => r.rank != null);
-  const name = (r) => r.process || `rank ${r.rank}`;
-  const worst = R.ranks.find((r) => r.capture === R.worst_capture) || R.ranks.find((r) => r.rank === R.worst_rank);
-  const median = R.ranks.find((r) => r.capture === R.median_capture) || R.ranks.find((r) => r.rank === R.median_rank);
+  const name = (r) => r.process;
+  const worst = R.ranks.find((r) => r.capture === R.worst_capture);
+  const median = R.ranks.find((r) => r.capture === R.median_capture);
   document.getElementById("ranks-title").textContent =
     `${R.ranks.length} ${byRank ? "ranks" : "processes"}${of}: this page reports the worst, ${name(worst)}`;
   const t = document.getElementById("ranks-table");
