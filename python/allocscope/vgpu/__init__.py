@@ -280,6 +280,7 @@ def activate(gpu: str, *, memory: int | str | None = None, context: int | str | 
         after_torch_import(_turn_cudnn_off)
     after_torch_import(_exit_grace)
     after_torch_import(_distributed)
+    after_torch_import(_values)
 
 
 def _turn_cudnn_off() -> None:
@@ -297,6 +298,12 @@ def _turn_cudnn_off() -> None:
 
 def _distributed() -> None:
     from .distributed import install
+
+    install()
+
+
+def _values() -> None:
+    from .values import install
 
     install()
 

@@ -1,0 +1,512 @@
+"""Values on the virtual GPU: the ops whose results steer shapes and control flow compute for real, on the host,
+in the device memory itself (docs/vgpu.md, "Values").
+
+The virtual card's memory is host memory, so a CUDA tensor's bytes can be read and written through a CPU tensor
+over the same address (an alias). Each chosen op's CUDA kernel is replaced by one that first runs torch's own
+CUDA kernel (so that the caching allocator sees exactly the allocations it makes on a card) and then, where the
+op is to be computed, runs the op's CPU kernel over aliases of its arguments and writes the result into the
+CUDA output.
+
+Which tensors hold values is tracked per storage: a storage holds values when a computed op, a fill or a copy
+of values wrote all of it; every other write (a matmul that computed nothing, a Triton kernel, an op over
+uncomputed inputs) leaves it uncomputed. An op is computed when every tensor it reads holds values and, in the
+default mode, when what it writes is small (COMPUTE_LIMITS): so an activation is never computed, and a dry
+run's host memory stays where it was. The weak references that the registry keeps to storages go with them
+(torch keeps a storage's Python object for as long as the storage lives).
+
+What uncomputed values give where a program looks at them: .item() and copies to the host read 0; a top-k,
+argmax or multinomial draw picks by the routing choice (routing.py); nonzero and masked_select select every
+element, unique finds every element distinct (the largest results, for a dry run that errs high).
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from . import host_ops
+from .routing import Routing, parse_routing, select
+
+ENV_COMPUTE = "ALLOCSCOPE_VGPU_COMPUTE"
+ENV_ROUTING = "ALLOCSCOPE_VGPU_ROUTING"
+MODES = ("values", "all", "none")
+
+# The largest result computed in the default mode, by kind: indices, masks and counts steer shapes and can be
+# large (a one-hot routing mask of tokens × k × experts); floating-point results of that size are activations.
+COMPUTE_LIMITS = {"integral": 256 << 20, "floating": 1 << 20}
+
+# Elementwise ops beyond torch's `pointwise` tag, reductions, indexing, selection and layout: computed.
+COMPUTED = (
+    "add", "sub", "mul", "div", "neg", "abs", "sign", "remainder", "fmod", "floor_divide", "pow", "exp", "log",
+    "log2", "log1p", "expm1", "sqrt", "rsqrt", "sigmoid", "tanh", "relu", "gelu", "silu", "clamp", "clamp_min",
+    "clamp_max", "minimum", "maximum", "floor", "ceil", "round", "trunc", "reciprocal", "eq", "ne", "lt", "le",
+    "gt", "ge", "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not", "logical_and", "logical_or",
+    "logical_not", "logical_xor", "where", "masked_fill", "isnan", "isinf", "nan_to_num", "lerp", "addcmul",
+    "addcdiv", "_softmax", "_log_softmax", "sum", "mean", "prod", "max", "min", "amax", "amin", "aminmax",
+    "all", "any", "linalg_vector_norm", "norm", "cumsum", "cumprod", "logsumexp", "var", "var_mean", "std",
+    "std_mean", "sort", "gather", "scatter", "scatter_add", "scatter_reduce", "index_select", "index",
+    "_index_put_impl_", "index_add", "index_copy", "index_fill", "masked_scatter", "take", "arange", "fill_",
+    "zero_", "linspace", "copy_", "cat", "flip", "roll", "tril", "triu", "bincount", "histc", "repeat_interleave",
+    "searchsorted", "bucketize", "isin", "one_hot", "_amp_foreach_non_finite_check_and_unscale_",
+    "_amp_update_scale_", "uniform_", "normal", "normal_", "bernoulli", "bernoulli_", "random_", "exponential_",
+    "multinomial", "randperm", "native_dropout", "_unique2", "unique_consecutive", "unique_dim", "_unique",
+    "topk", "argmax", "argmin", "nonzero", "masked_select", "_local_scalar_dense",
+    "empty", "empty_strided",
+)
+# Computed only with compute=all: the ops whose cost is their result (matmuls, convolutions, attention).
+HEAVY = (
+    "mm", "bmm", "addmm", "addmv", "addbmm", "baddbmm", "mv", "dot", "_grouped_mm", "_addmm_activation",
+    "convolution", "convolution_backward", "cudnn_convolution", "_convolution",
+    "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_flash_attention_backward", "_scaled_dot_product_efficient_attention_backward",
+    "embedding_dense_backward",
+    "native_layer_norm", "native_layer_norm_backward", "_fused_rms_norm", "native_group_norm",
+    "native_batch_norm", "_softmax_backward_data", "_log_softmax_backward_data", "gelu_backward",
+    "silu_backward", "threshold_backward", "nll_loss_forward", "nll_loss_backward",
+)
+# Allocations: what they return holds (arbitrary) values, as on a card.
+UNINITIALIZED = {"empty", "empty_strided"}
+# Composite ops (one kernel for every device) whose CUDA work is a copy: wrapped at the CUDA key too.
+COMPOSITE_WRAPPED = {"copy_", "zero_", "fill_"}
+# Whatever they write holds values afterwards, whatever it held before.
+OVERWRITE = {"fill_", "zero_", "copy_", "uniform_", "normal_", "bernoulli_", "random_", "exponential_",
+             "arange", "linspace", "randperm"}
+# Their result's size depends on values: computed on the host and allocated to fit.
+SIZED_BY_VALUES = {"nonzero", "masked_select", "_unique2", "unique_consecutive", "unique_dim", "_unique"}
+# Selections: over uncomputed values they pick by the routing choice.
+SELECTIONS = {"topk", "argmax", "argmin", "multinomial", "max.dim", "min.dim"}
+
+
+@dataclass(frozen=True)
+class Settings:
+    mode: str = "values"
+    routing: Routing = Routing()
+
+
+def parse_mode(text: str) -> str:
+    if text not in MODES:
+        raise ValueError(f"compute {text!r}: one of values (the default), all, none")
+    return text
+
+
+def settings_from_environment() -> Settings:
+    return Settings(parse_mode(os.environ.get(ENV_COMPUTE, "values") or "values"),
+                    parse_routing(os.environ.get(ENV_ROUTING, "balanced") or "balanced"))
+
+
+class Registry:
+    """The storages that hold values, by id, each with a weak reference whose callback forgets it."""
+
+    def __init__(self) -> None:
+        self._held: dict[int, weakref.ref] = {}
+
+    def holds(self, t: torch.Tensor) -> bool:
+        try:
+            return id(t.untyped_storage()) in self._held
+        except (RuntimeError, NotImplementedError):  # a tensor without storage
+            return False
+
+    def set(self, t: torch.Tensor, held: bool) -> None:
+        try:
+            s = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):
+            return
+        key = id(s)
+        if held:
+            if key not in self._held:
+                self._held[key] = weakref.ref(s, lambda _r, key=key, held=self._held: held.pop(key, None))
+        else:
+            self._held.pop(key, None)
+
+
+REGISTRY = Registry()
+
+
+def host_alias(t: torch.Tensor) -> torch.Tensor:
+    """A CPU tensor over the same bytes as `t` (on the virtual GPU, device memory is host memory)."""
+    storage = t.untyped_storage()
+    cpu = torch._C._construct_storage_from_data_pointer(storage.data_ptr(), torch.device("cpu"), storage.nbytes())
+    return torch.empty(0, dtype=t.dtype).set_(cpu, t.storage_offset(), t.size(), t.stride())
+
+
+def _tensors(values: Any) -> list[torch.Tensor]:
+    out = []
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            out.append(v)
+        elif isinstance(v, (list, tuple)):
+            out.extend(x for x in v if isinstance(x, torch.Tensor))
+    return out
+
+
+def _on_cuda(values: Any) -> list[torch.Tensor]:
+    return [t for t in _tensors(values) if t.is_cuda]
+
+
+def _to_host(v: Any, generator: torch.Generator | None) -> Any:
+    if isinstance(v, torch.Tensor):
+        return host_alias(v) if v.is_cuda else v
+    if isinstance(v, (list, tuple)):
+        return type(v)(_to_host(x, generator) for x in v)
+    if isinstance(v, torch.device) and v.type == "cuda":
+        return torch.device("cpu")
+    if isinstance(v, torch.Generator):
+        return generator
+    return v
+
+
+def _wrapped(v: Any) -> torch.Tensor:
+    # A number passed where a Tensor is expected arrives here as a Python number (torch unwraps "wrapped
+    # numbers" for Python kernels) and must go back as a tensor; a 0-dim one of the default dtype of its kind
+    # promotes as the wrapped number did.
+    if isinstance(v, bool):
+        return torch.tensor(v)
+    if isinstance(v, int):
+        return torch.tensor(v, dtype=torch.int64)
+    if isinstance(v, complex):
+        return torch.tensor(v, dtype=torch.complex64 if torch.get_default_dtype() == torch.float32
+                            else torch.complex128)
+    return torch.tensor(v, dtype=torch.get_default_dtype())
+
+
+def _rewrap_numbers(op: "_Op", args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    arguments = op.overload._schema.arguments
+    if any(isinstance(a, (int, float, complex)) and i < len(arguments) and arguments[i].name in op.tensor_arguments
+           for i, a in enumerate(args)):
+        args = tuple(_wrapped(a) if isinstance(a, (int, float, complex)) and i < len(arguments)
+                     and arguments[i].name in op.tensor_arguments else a for i, a in enumerate(args))
+    if any(isinstance(v, (int, float, complex)) and k in op.tensor_arguments for k, v in kwargs.items()):
+        kwargs = {k: _wrapped(v) if isinstance(v, (int, float, complex)) and k in op.tensor_arguments else v
+                  for k, v in kwargs.items()}
+    return args, kwargs
+
+
+def _covers_storage(t: torch.Tensor) -> bool:
+    return t.is_contiguous() and t.storage_offset() == 0 and t.nbytes == t.untyped_storage().nbytes()
+
+
+def _small(t: torch.Tensor) -> bool:
+    limit = COMPUTE_LIMITS["floating" if t.is_floating_point() or t.is_complex() else "integral"]
+    return t.nbytes <= limit
+
+
+class _Generators:
+    """A CPU generator per CUDA device, seeded from the device's CUDA generator and seeded again when that is:
+    random values on the virtual GPU are as repeatable as on a card (not the card's Philox stream)."""
+
+    def __init__(self) -> None:
+        self._by_device: dict[int, tuple[int, torch.Generator]] = {}
+
+    def for_device(self, device: int) -> torch.Generator:
+        seed = torch.cuda.default_generators[device].initial_seed()
+        held = self._by_device.get(device)
+        if held is None or held[0] != seed:
+            g = torch.Generator()
+            g.manual_seed(seed)
+            held = self._by_device[device] = (seed, g)
+        return held[1]
+
+
+GENERATORS = _Generators()
+
+
+@dataclass
+class _Op:
+    """One overload's replacement kernel."""
+
+    overload: Any  # torch._ops.OpOverload
+    original: Any  # torch._C._SafeKernelFunction
+    base: str
+    heavy: bool
+    written: tuple[int, ...]  # positions of the arguments it writes (in place, out=)
+    takes_generator: bool
+    tensor_arguments: frozenset[str]  # the names of the arguments typed Tensor (a number there is wrapped)
+
+    def name(self) -> str:
+        return f"{self.base}.{self.overload._overloadname}"
+
+
+class Values:
+    """The replacement kernels and what they do, for one process."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.library: Any = None
+        self.ops: list[_Op] = []
+
+    # ---- installing
+
+    def install(self) -> int:
+        import warnings
+
+        if self.settings.mode == "none":
+            return 0
+        self.library = torch.library.Library("aten", "IMPL")
+        names = set(COMPUTED) | set(HEAVY)
+        names |= {f"{n}_" for n in names}  # the in-place variants: packets of their own (add_, scatter_)
+        # torch's own list of elementwise ops, and the multi-tensor (_foreach) ones, for those not named above
+        for qualified in torch._C._dispatch_get_all_op_names():
+            if qualified.startswith("aten::"):
+                base = qualified[6:].split(".")[0]
+                if base.startswith("_foreach_"):
+                    names.add(base)
+                elif base not in names:
+                    packet = getattr(torch.ops.aten, base, None)
+                    try:
+                        overload = getattr(packet, qualified.split(".", 1)[1] if "." in qualified[6:] else "default")
+                    except (AttributeError, RuntimeError):
+                        continue
+                    if torch.Tag.pointwise in overload.tags:
+                        names.add(base)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "Overriding a previously registered kernel"
+            for base in sorted(names):
+                packet = getattr(torch.ops.aten, base, None)
+                if packet is None:
+                    continue
+                for overload_name in packet.overloads():
+                    self._install_one(base, getattr(packet, overload_name))
+        return len(self.ops)
+
+    def _install_one(self, base: str, overload: Any) -> None:
+        qualified = overload.name()
+        try:
+            # A CUDA kernel of its own, or the composite one every device shares (copy_): then autograd has
+            # a formula for it too, and a CUDA kernel beside it only changes what runs below autograd.
+            has = torch._C._dispatch_has_kernel_for_dispatch_key
+            if not (has(qualified, "CUDA") or (has(qualified, "CompositeExplicitAutograd") and
+                                                not has(qualified, "CompositeImplicitAutograd") and
+                                                base in COMPOSITE_WRAPPED)):
+                return
+        except RuntimeError:  # a TorchScript-only overload (aten::__lshift__.int)
+            return
+        schema = overload._schema
+        written = tuple(i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write)
+        op = _Op(overload, torch.library.get_kernel(overload, "CUDA"), base, base in HEAVY, written,
+                 any(a.name == "generator" for a in schema.arguments),
+                 frozenset(a.name for a in schema.arguments if str(a.type) in ("Tensor", "Optional[Tensor]")))
+        self.library.impl(overload, self._kernel(op), "CUDA", with_keyset=True)
+        self.ops.append(op)
+
+    # ---- running
+
+    def _kernel(self, op: _Op) -> Callable:
+        def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
+            if op.tensor_arguments:
+                args, kwargs = _rewrap_numbers(op, args, kwargs)
+            if torch.cuda.is_current_stream_capturing():  # recorded for replay: nothing runs now
+                return op.original.call_boxed(keyset, *args, **kwargs)
+            return self._run(op, keyset, args, kwargs)
+        kernel.__name__ = f"allocscope_values_{op.base}"
+        return kernel
+
+    def _run(self, op: _Op, keyset: Any, args: tuple, kwargs: dict) -> Any:
+        name = op.name()
+        # what it reads: every CUDA tensor argument, but what an overwriting op writes
+        arguments = op.overload._schema.arguments
+        positional_written = set(op.written)
+        reads = [t for i, a in enumerate(args) if not (i in positional_written and op.base in OVERWRITE)
+                 for t in _on_cuda([a])]
+        written_kw = {arguments[i].name for i in op.written}
+        reads += [t for k, v in kwargs.items() if k not in written_kw for t in _on_cuda([v])]
+        inputs_hold = all(REGISTRY.holds(t) for t in reads)
+        if not inputs_hold and self.settings.mode == "all" and os.environ.get("ALLOCSCOPE_VGPU_VALUES_DEBUG"):
+            _debug(op, RuntimeError(f"inputs without values: {[tuple(t.shape) for t in reads if not REGISTRY.holds(t)]}"))
+
+        if op.base in UNINITIALIZED:
+            # What a card's uninitialized memory holds is arbitrary too: a program that writes part of it and
+            # reads the rest reads arbitrary values on either, so it counts as holding values.
+            result = op.original.call_boxed(keyset, *args, **kwargs)
+            REGISTRY.set(result, True)
+            return result
+        if op.base == "_local_scalar_dense":
+            if inputs_hold:
+                return op.original.call_boxed(keyset, *args, **kwargs)
+            return False if args[0].dtype == torch.bool else 0  # an uncomputed value reads 0
+        if op.base == "_amp_foreach_non_finite_check_and_unscale_":
+            return self._unscale(op, keyset, args, kwargs)
+        if op.base in SIZED_BY_VALUES and self.settings.mode != "none":
+            return self._sized_by_values(op, keyset, args, kwargs, inputs_hold)
+        if not inputs_hold and (op.base in SELECTIONS or name in SELECTIONS) and \
+                self.settings.routing.kind != "computed":
+            return self._select(op, keyset, args, kwargs)
+
+        written = _tensors([args[i] for i in op.written if i < len(args)])
+        written += _tensors([kwargs[arguments[i].name] for i in op.written if arguments[i].name in kwargs])
+        # An in-place op's own kernel may call others that compute into the same tensor (index_add_ calls
+        # index_add.out): the op is then computed from what the tensor held before, not twice.
+        before = []
+        if inputs_hold and op.base not in OVERWRITE and (self.settings.mode == "all" or not op.heavy):
+            updated = _on_cuda([args[i] for i in op.written if i < len(args) and not arguments[i].kwarg_only])
+            if all(_small(t) or self.settings.mode == "all" for t in updated):
+                before = [(t, host_alias(t).clone()) for t in updated]
+        result = op.original.call_boxed(keyset, *args, **kwargs)
+        outputs = written if written else _tensors(result if isinstance(result, (list, tuple)) else [result])
+        outputs = [t for t in outputs if t.is_cuda]
+        compute = inputs_hold and (self.settings.mode == "all" or
+                                   (not op.heavy and all(_small(t) for t in outputs)))
+        if op.base == "copy_" and not compute and inputs_hold:
+            compute = self._copied_bytes(args)
+        if compute:
+            for t, held in before:
+                host_alias(t).copy_(held)
+            compute = self._compute(op, args, kwargs, result, written, outputs)
+        for t in outputs:
+            if compute:
+                # a partial write into a storage that held no values leaves it without
+                if written and op.base in OVERWRITE and not REGISTRY.holds(t) and not _covers_storage(t):
+                    continue
+                REGISTRY.set(t, True)
+            else:
+                REGISTRY.set(t, False)
+        if not compute and op.base == "copy_" and not args[0].is_cuda:
+            args[0].zero_()  # an uncomputed value copied to the host reads 0
+        return result
+
+    def _unscale(self, op: _Op, keyset: Any, args: tuple, kwargs: dict) -> Any:
+        """GradScaler's check for infs: uncomputed gradients hold none (found_inf keeps what it held), so a step
+        is skipped only where a computed gradient has one."""
+        result = op.original.call_boxed(keyset, *args, **kwargs)
+        grads, found_inf, inv_scale = args[0], args[1], args[2]
+        held = [g for g in grads if REGISTRY.holds(g) and (self.settings.mode == "all" or _small(g))]
+        if held and REGISTRY.holds(found_inf) and REGISTRY.holds(inv_scale):
+            try:
+                with torch._C._DisableTorchDispatch(), torch.no_grad():
+                    op.overload([host_alias(g) for g in held], host_alias(found_inf), host_alias(inv_scale))
+            except Exception as e:  # noqa: BLE001
+                _debug(op, e)
+                held = []
+        for g in grads:
+            if not any(g is h for h in held):
+                REGISTRY.set(g, False)
+        return result
+
+    def _copied_bytes(self, args: tuple) -> bool:
+        """Whether copy_ moved bytes without a kernel (same dtype, both dense): then the stand-in copied them."""
+        dst, src = args[0], args[1]
+        if not isinstance(src, torch.Tensor) or dst.dtype != src.dtype or dst.shape != src.shape:
+            return False
+        if not (dst.is_contiguous() and src.is_contiguous()):
+            return False
+        if dst.is_cuda and not src.is_cuda:
+            return True  # host to device: the stand-in's memcpy
+        return dst.is_cuda and src.is_cuda  # device to device: cudaMemcpyAsync, a copy
+
+    def _compute(self, op: _Op, args: tuple, kwargs: dict, result: Any, written: list, outputs: list) -> bool:
+        if op.base == "copy_" and self._copied_bytes(args):
+            return True  # already done by the stand-in's copy
+        generator = None
+        if op.takes_generator:
+            device = next((t.device.index for t in outputs), None)
+            generator = GENERATORS.for_device(device if device is not None else torch.cuda.current_device())
+        try:
+            host_args = _to_host(args, generator)
+            host_kwargs = {k: _to_host(v, generator) for k, v in kwargs.items()}
+            if generator is not None and "generator" not in host_kwargs and \
+                    not any(isinstance(a, torch.Generator) for a in args):
+                host_kwargs["generator"] = generator
+            results = _tensors(result if isinstance(result, (list, tuple)) else [result])
+            with torch._C._DisableTorchDispatch(), torch.no_grad():
+                substitute = host_ops.substitute(op.name())
+                if substitute is not None:
+                    substitute(op.overload, host_args, host_kwargs, [_to_host(t, None) for t in results])
+                    return True
+                host_result = op.overload(*host_args, **host_kwargs)
+                if not written:
+                    for out, ref in zip(results, _tensors(host_result if isinstance(host_result, (list, tuple))
+                                                          else [host_result]), strict=False):
+                        if out.is_cuda:
+                            host_alias(out).copy_(ref)
+        except Exception as e:  # noqa: BLE001 - a value not computed leaves the program as it was
+            _debug(op, e)
+            return False
+        return True
+
+    def _sized_by_values(self, op: _Op, keyset: Any, args: tuple, kwargs: dict, inputs_hold: bool) -> Any:
+        """nonzero, masked_select, unique: computed on the host and allocated to fit; over uncomputed values,
+        as if every element were selected and distinct."""
+        if any(i < len(args) for i in op.written) or any(op.overload._schema.arguments[i].name in kwargs
+                                                         for i in op.written):
+            return op.original.call_boxed(keyset, *args, **kwargs)  # out= variants: as torch's
+        try:
+            host_args = list(_to_host(args, None))
+            if not inputs_hold:
+                if op.base == "masked_select":
+                    host_args[1] = torch.ones(host_args[1].shape, dtype=torch.bool)
+                elif op.base == "nonzero":
+                    host_args[0] = torch.ones(host_args[0].shape, dtype=torch.bool)
+                else:
+                    host_args[0] = torch.arange(host_args[0].numel()).view(host_args[0].shape).to(
+                        host_args[0].dtype if host_args[0].dtype != torch.bool else torch.int64)
+            with torch._C._DisableTorchDispatch(), torch.no_grad():
+                host = op.overload(*host_args, **{k: _to_host(v, None) for k, v in kwargs.items()})
+        except Exception:  # noqa: BLE001
+            return op.original.call_boxed(keyset, *args, **kwargs)
+        device = _on_cuda(args)[0].device
+        outs = []
+        for ref in (host if isinstance(host, (list, tuple)) else [host]):
+            out = torch.empty_strided(ref.shape, ref.stride(), dtype=ref.dtype, device=device)
+            host_alias(out).copy_(ref)
+            REGISTRY.set(out, inputs_hold or op.base in ("nonzero",))
+            outs.append(out)
+        return tuple(outs) if isinstance(host, (list, tuple)) else outs[0]
+
+    def _select(self, op: _Op, keyset: Any, args: tuple, kwargs: dict) -> Any:
+        """topk, argmax, max.dim, multinomial over uncomputed values: the routing choice picks."""
+        result = op.original.call_boxed(keyset, *args, **kwargs)
+        source = args[0]
+        arguments = op.overload._schema.arguments
+        bound = {a.name: (args[i] if i < len(args) else kwargs.get(a.name, a.default_value))
+                 for i, a in enumerate(arguments)}
+        if op.base == "topk":
+            k, dim = int(bound["k"]), int(bound["dim"] if bound["dim"] is not None else -1)
+        elif op.base == "multinomial":
+            k, dim = int(bound["num_samples"]), -1
+        else:
+            k, dim = 1, bound.get("dim")
+        indices = result[1] if isinstance(result, (list, tuple)) else result
+        if not isinstance(indices, torch.Tensor) or not indices.is_cuda or indices.dtype != torch.int64:
+            return result
+        try:
+            if dim is None:  # argmax over everything
+                picked = select((1, source.numel()), 1, self.settings.routing).view(indices.shape)
+            else:
+                moved = source.movedim(int(dim), -1) if source.dim() else source.view(1)
+                picked = select(tuple(moved.shape[:-1]) + (moved.shape[-1],), k, self.settings.routing)
+                keepdim = bool(bound.get("keepdim", False))
+                if op.base in ("argmax", "argmin", "max", "min") and not keepdim:
+                    picked = picked.squeeze(-1)
+                elif source.dim():
+                    picked = picked.movedim(-1, int(dim))
+            host_alias(indices).copy_(picked.view(indices.shape))
+        except Exception:  # noqa: BLE001
+            return result
+        REGISTRY.set(indices, True)
+        return result
+
+
+def _debug(op: _Op, error: BaseException) -> None:
+    if os.environ.get("ALLOCSCOPE_VGPU_VALUES_DEBUG"):
+        import sys
+
+        print(f"allocscope values: {op.name()} not computed: {type(error).__name__}: {error}", file=sys.stderr)
+
+
+_installed: Values | None = None
+
+
+def install(settings: Settings | None = None) -> Values:
+    """Replaces the chosen ops' CUDA kernels in this process (once), after torch is imported."""
+    global _installed
+    if _installed is None:
+        _installed = Values(settings or settings_from_environment())
+        _installed.install()
+    return _installed
+
+
+def installed() -> Values | None:
+    return _installed
