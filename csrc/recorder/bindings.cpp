@@ -11,6 +11,7 @@
 #include "module_hooks.h"
 #include "backward_scopes.h"
 #include "ops.h"
+#include "pystack.h"
 #include "saved.h"
 #include "recorder.h"
 #ifdef ALLOCSCOPE_WITH_CUDA
@@ -87,6 +88,13 @@ PYBIND11_MODULE(_C, m) {
   m.def("backward_nested_end", &backward_scopes::nested_end);
   m.def("start_ops", [] { return Recorder::get().start_ops(); });
   m.def("walker", [] { return Recorder::get().walker(); });
+  m.def(
+      "hide_frames_of",
+      [](py::object code) {
+        if (!PyCode_Check(code.ptr())) throw py::type_error("hide_frames_of takes a code object");
+        return pystack::hide(code.ptr());
+      },
+      py::arg("code"));
   m.def("next_seq", [] { return Recorder::get().next_seq(); });
   m.def("arm_checkpoint", [](bool at_snapshot) { return Recorder::get().arm_checkpoint(at_snapshot); },
         py::arg("at_snapshot"));

@@ -4,6 +4,7 @@
 #include <Python.h>
 #include <frameobject.h>
 
+#include <atomic>
 #include <cstring>
 
 // The interpreter-frame layouts of the CPython versions we read without the
@@ -151,13 +152,46 @@ bool internal_walker_compiled() {
   return ALLOCSCOPE_INTERNAL_WALKER != 0;
 }
 
+namespace {
+// Appended under the GIL, read without it: a slot is written before the count
+// that publishes it.
+const void* g_hidden[kMaxHidden];
+std::atomic<int> g_hidden_count{0};
+
+bool hidden(const void* code, int count) {
+  for (int i = 0; i < count; ++i) {
+    if (g_hidden[i] == code) return true;
+  }
+  return false;
+}
+
+int without_hidden(RawFrame* out, int depth) {
+  int count = g_hidden_count.load(std::memory_order_acquire);
+  if (count == 0) return depth;
+  int skip = 0;
+  while (skip < depth && hidden(out[skip].code, count)) ++skip;
+  if (skip > 0) std::memmove(out, out + skip, sizeof(RawFrame) * (depth - skip));
+  return depth - skip;
+}
+}  // namespace
+
+bool hide(const void* code) {
+  int count = g_hidden_count.load(std::memory_order_relaxed);
+  if (hidden(code, count)) return true;
+  if (count == kMaxHidden) return false;
+  incref_code(code);
+  g_hidden[count] = code;
+  g_hidden_count.store(count + 1, std::memory_order_release);
+  return true;
+}
+
 int walk(Walker walker, RawFrame* out, int max_depth) {
 #if ALLOCSCOPE_INTERNAL_WALKER
-  if (walker == Walker::kInternal) return walk_internal(out, max_depth);
+  if (walker == Walker::kInternal) return without_hidden(out, walk_internal(out, max_depth));
 #endif
   if (!can_take_gil()) return 0;
   GilGuard gil;
-  return walk_public(out, max_depth);
+  return without_hidden(out, walk_public(out, max_depth));
 }
 
 bool self_check(std::string* why) {

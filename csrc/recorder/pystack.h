@@ -38,9 +38,17 @@ bool internal_walker_compiled();
 // Requires the GIL (runs the self-check once per call).
 Walker choose_walker(std::string* reason);
 
-// Walks the calling thread's stack, innermost first, into out[0..max_depth).
-// Returns the depth; 0 for threads with no Python state or no Python frames.
+// Walks the calling thread's stack, innermost first, into out[0..max_depth),
+// leaving out the innermost frames of hidden code (below). Returns the depth;
+// 0 for threads with no Python state or no Python frames.
 int walk(Walker walker, RawFrame* out, int max_depth);
+
+// Requires the GIL. Frames of this code object, where they are the innermost
+// ones, are not the program's: the virtual GPU's Python kernels (values.py),
+// which allocate on behalf of the op the program called. The code object is
+// kept alive; at most kMaxHidden of them. False when the list is full.
+constexpr int kMaxHidden = 64;
+bool hide(const void* code);
 
 // Requires the GIL. Compares walk(kInternal) with the public API on the
 // current stack; on a mismatch, says why.

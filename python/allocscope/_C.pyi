@@ -31,6 +31,9 @@ def backward_nested_end() -> None: ...
 def start_ops() -> bool:
     """Starts recording ops in a running recording without them; False when not recording or already on."""
 def walker() -> str: ...
+def hide_frames_of(code: object) -> bool:
+    """Frames of this code object, where innermost, are left out of recorded stacks (the virtual GPU's Python
+    kernels); False when the list (64) is full."""
 def next_seq() -> int: ...
 def arm_checkpoint(at_snapshot: bool) -> int:
     """Asks for a checkpoint at the next event (or at the SNAPSHOT event of the baseline taken next);

@@ -47,6 +47,7 @@ examples:
   allocscope fit --gpu H100-80GB --gpu-memory 20GiB -- python train.py   (20 GiB left on a shared H100)
   allocscope fit --gpu H100-80GB --gpu H100-80GB:20GiB --gpu H100-80GB-MIG-1g.10gb -- python train.py
   allocscope fit --gpu A100-40GB --search BATCH=1..1024 -- python train.py --batch-size {BATCH}
+  allocscope fit --gpu H100-80GB --routing balanced --routing worst -- python moe_train.py   (MoE routings)
   allocscope fit --gpu H100-80GB --world-size 1024 --rank 0 --rank 1023 -- python train.py
   allocscope run --gpu list                         (the models)
 """
@@ -69,8 +70,9 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--search", metavar="NAME=LOW..HIGH", type=_search_range,
                         help="find the largest value of NAME in LOW..HIGH that fits ({NAME} in the command, "
                              "and the environment variable NAME)")
-    from .run import add_world_arguments
+    from .run import add_values_arguments, add_world_arguments
 
+    add_values_arguments(parser, several_routings=True)
     add_world_arguments(parser)
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND",
                         help="the command to run, after --")
@@ -98,7 +100,8 @@ def run(args: argparse.Namespace) -> int:
 
     memory = args.gpu_memory if args.gpu_memory is not None else os.environ.get(ENV_MEMORY) or None
     doc = fit(args.command, args.gpu, output_dir=args.output_dir, force=args.force, stacks=args.stacks, top=args.top,
-              search=args.search, stdout_to_stderr=args.json, world=world_from(args), gpu_memory=memory)
+              search=args.search, stdout_to_stderr=args.json, world=world_from(args), gpu_memory=memory,
+              compute=args.compute, routings=args.routing)
     if args.json:
         print(json.dumps(doc, indent=1))
     else:

@@ -61,9 +61,31 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
                              "(H100-80GB:20GiB), or `list` to list the models")
     parser.add_argument("--gpu-memory", metavar="SIZE", help="the virtual GPU's total memory (e.g. 12GiB)")
     parser.add_argument("--no-record", action="store_true", help="run on the virtual GPU without recording")
+    add_values_arguments(parser)
     add_world_arguments(parser)
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND",
                         help="the command to run, after --")
+
+
+def add_values_arguments(parser: argparse.ArgumentParser, several_routings: bool = False) -> None:
+    parser.add_argument("--compute", choices=["values", "all", "none"],
+                        help="on the virtual GPU, which ops compute their values: those that steer shapes and "
+                             "control flow (values, the default), every op on the host (all: slow, for small "
+                             "models), none")
+    parser.add_argument("--routing", metavar="ROUTING", **({"action": "append", "default": []} if several_routings
+                                                            else {}),
+                        help="on the virtual GPU, where an MoE router whose logits were not computed sends "
+                             "tokens: balanced (the default), balanced:F (the busiest expert gets F times the "
+                             "mean), worst (all to the same experts), computed (whatever the values are)" +
+                             ("; repeat for several side by side" if several_routings else ""))
+
+
+def values_from(args: argparse.Namespace) -> dict[str, str | None]:
+    from ..common.errors import InputError
+
+    if (args.compute or args.routing) and not args.gpu:
+        raise InputError("--compute and --routing are about the virtual GPU: give --gpu too")
+    return {"compute": args.compute, "routing": args.routing}
 
 
 def add_world_arguments(parser: argparse.ArgumentParser) -> None:
@@ -118,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("give the capture file: allocscope run -o FILE -- python script.py")
     result = run_command(args.command, None if args.no_record else args.output, gpu=args.gpu,
                          gpu_memory=args.gpu_memory, device=args.device, stacks=args.stacks, force=args.force,
-                         world=world_from(args), ops=args.ops, watch=args.watch)
+                         world=world_from(args), ops=args.ops, watch=args.watch, values=values_from(args))
     for path in result.captures:
         print(f"allocscope: wrote {os.path.relpath(path)}", file=sys.stderr)
     if result.device and not result.captures:

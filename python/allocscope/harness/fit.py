@@ -28,7 +28,8 @@ __all__ = ["fit"]
 def fit(command: Sequence[str], gpus: Sequence[str], *, output_dir: str = "allocscope-fit", force: bool = False,
         stacks: str = "python", top: int = 5, search: str | tuple[str, int, int] | None = None,
         stdout_to_stderr: bool = False, world: World | None = None,
-        gpu_memory: int | str | None = None) -> dict[str, Any]:
+        gpu_memory: int | str | None = None, compute: str | None = None,
+        routings: Sequence[str] = ()) -> dict[str, Any]:
     """Runs `command` (a script runs with this Python) on a virtual GPU of each
     model in `gpus` (`allocscope run --gpu list`), recording it into
     output_dir (one capture per card, kept), and returns the fit document:
@@ -43,6 +44,11 @@ def fit(command: Sequence[str], gpus: Sequence[str], *, output_dir: str = "alloc
     gpu_memory: every card's memory instead of its model's ("20GiB": what is
     left on a shared card, say; a number is bytes); a search then runs every
     value on every card (no card has more memory than another to foresee from).
+
+    compute, routings: what the virtual GPU computes and where an MoE
+    router whose logits were not computed sends tokens (vgpu.activate); with
+    several routings each card runs once per routing, side by side (an
+    entry's "routing" names it).
 
     force: overwrite the captures of an earlier fit in output_dir.
     stdout_to_stderr: the command's standard output goes to standard error
@@ -66,14 +72,21 @@ def fit(command: Sequence[str], gpus: Sequence[str], *, output_dir: str = "alloc
         raise InputError("no GPU given: --gpu A100-40GB (`allocscope run --gpu list`)")
     if world is not None and search is not None:
         raise InputError("--search with --world-size is not supported yet: search with the ranks of a smaller job")
-    runs = _Runs(cmd, os.path.abspath(output_dir), stacks, top, search, stdout_to_stderr, world, gpu_memory)
-    runs.prepare(gpus, force)
+    routings = list(dict.fromkeys(routings))
+    if len(routings) > 1 and (search is not None or world is not None):
+        raise InputError("several routings side by side are for a plain fit: give one --routing with --search "
+                         "or --world-size")
+    runs = _Runs(cmd, os.path.abspath(output_dir), stacks, top, search, stdout_to_stderr, world, gpu_memory,
+                 {"compute": compute, "routing": routings[0] if len(routings) == 1 else None})
+    runs.prepare(gpus, force, routings)
     if search is not None:
         doc = _search(runs, cmd, gpus, search)
     else:
         from ..reports.fit import fit_document
 
-        if world is None:
+        if world is None and len(routings) > 1:
+            doc = fit_document(cmd, [runs.run(gpu, routing=r) for gpu in gpus for r in routings])
+        elif world is None:
             doc = fit_document(cmd, [runs.run(gpu) for gpu in gpus])
         else:
             doc = fit_document(cmd, [runs.run(gpu, rank=r) for gpu in gpus for r in world.ranks], world=world.size)
@@ -110,40 +123,47 @@ class _Runs:
     parameter) and makes its card_result; captures in `directory`."""
 
     def __init__(self, cmd: list[str], directory: str, stacks: str, top: int, search: tuple[str, int, int] | None,
-                 stdout_to_stderr: bool, world: World | None = None, gpu_memory: int | str | None = None):
+                 stdout_to_stderr: bool, world: World | None = None, gpu_memory: int | str | None = None,
+                 values: dict[str, str | None] | None = None):
         self.cmd, self.directory, self.stacks, self.top, self.search = cmd, directory, stacks, top, search
         self.stdout_to_stderr, self.world, self.gpu_memory = stdout_to_stderr, world, gpu_memory
+        self.values = values or {}
         self.ran: dict[tuple[str, int], dict[str, Any]] = {}  # (gpu, value) -> card result, for predictions
 
-    def path(self, gpu: str, value: int | None = None) -> str:
+    def path(self, gpu: str, value: int | None = None, routing: str | None = None) -> str:
         suffix = "" if value is None else f".{self.search[0]}={value}"
+        if routing is not None:
+            suffix += f".routing={routing}"
         return os.path.join(self.directory, f"{_stem(gpu)}{suffix}.alsc")
 
-    def existing(self, gpu: str) -> list[str]:
+    def existing(self, gpu: str, routing: str | None = None) -> list[str]:
         """The captures this fit would overwrite (a search's: every value's)."""
         if not self.search:
-            return outputs(self.path(gpu))
+            return outputs(self.path(gpu, routing=routing))
         pattern = f"{glob.escape(_stem(gpu))}.{self.search[0]}=*.alsc"
         return sorted(glob.glob(os.path.join(glob.escape(self.directory), pattern)))
 
-    def prepare(self, gpus: list[str], force: bool) -> None:
-        """Every card and output checked before the first run."""
+    def prepare(self, gpus: list[str], force: bool, routings: list[str]) -> None:
+        """Every card, setting and output checked before the first run."""
         from .. import vgpu
 
         for gpu in gpus:
-            vgpu.environment(gpu, memory=self.gpu_memory)
+            for routing in routings or [None]:
+                vgpu.environment(gpu, memory=self.gpu_memory, compute=self.values.get("compute"), routing=routing)
             if self.world is not None:
                 from .world import node_gpus
 
                 node_gpus(gpu, self.world)
         os.makedirs(self.directory, exist_ok=True)
-        existing = [p for gpu in gpus for p in self.existing(gpu)]
+        side_by_side = routings if len(routings) > 1 else [None]
+        existing = [p for gpu in gpus for r in side_by_side for p in self.existing(gpu, r)]
         if existing and not force:
             raise InputError(f"{os.path.relpath(existing[0])} exists; use --force to overwrite it")
         for path in existing:
             os.remove(path)
 
-    def run(self, gpu: str, value: int | None = None, rank: int | None = None) -> dict[str, Any]:
+    def run(self, gpu: str, value: int | None = None, rank: int | None = None,
+            routing: str | None = None) -> dict[str, Any]:
         from .. import vgpu
         from ..capture.reader import load
         from ..recording.autostart import child_environment
@@ -152,16 +172,18 @@ class _Runs:
         from .run import shared_cards
         from .world import check_initialized, node_gpus, rank_environment, report_file
 
-        path = self.path(gpu, value)
+        path = self.path(gpu, value, routing)
+        values = self.values if routing is None else {**self.values, "routing": routing}
         cmd, env = self.cmd, vgpu.environment(gpu if self.world is None else node_gpus(gpu, self.world),
-                                              memory=self.gpu_memory)
+                                              memory=self.gpu_memory, **values)
         if value is not None:
             name = self.search[0]
             cmd = [a.replace("{" + name + "}", str(value)) for a in cmd]
             env[name] = str(value)
         env[ENV_FIT] = json.dumps({"gpu": gpu, "command": cmd, "search": self.search[0] if self.search else None,
                                    "value": value})
-        where = f"a virtual {gpu}" + ("" if value is None else f" with {self.search[0]}={value}")
+        where = f"a virtual {gpu}" + ("" if value is None else f" with {self.search[0]}={value}") + \
+            ("" if routing is None else f", {routing} routing")
         env = child_environment(env, path, {"device": "cuda", "stacks": self.stacks, "auto_watch": True})
         report = None
         if rank is not None:
@@ -183,6 +205,8 @@ class _Runs:
                            top=self.top)
         if rank is not None:
             card = {"rank": rank, **card}
+        if routing is not None:
+            card = {"routing": routing, **card}
         if value is None:
             return card
         self.ran[(gpu, value)] = card

@@ -27,7 +27,8 @@ class RunResult:
 
 def run_command(command: Sequence[str], output: str | None, *, gpu: str | None = None, gpu_memory: str | None = None,
                 device: str = "auto", stacks: str = "python", force: bool = False,
-                world: World | None = None, ops: bool | None = None, watch: bool = False) -> RunResult:
+                world: World | None = None, ops: bool | None = None, watch: bool = False,
+                values: Mapping[str, str | None] | None = None) -> RunResult:
     """Runs `command` (a script runs with this Python) to its end, recording
     into `output` (None: not recorded, only on a virtual GPU), on a virtual
     GPU of model `gpu` (with `gpu_memory` instead of the preset's) or on
@@ -41,7 +42,10 @@ def run_command(command: Sequence[str], output: str | None, *, gpu: str | None =
     world: run each of world.ranks alone as that rank of a job of
     world.size processes (harness/world.py), one after the other, each on
     its own virtual node of `gpu` cards; its capture is FILE with .rankN.
-    The status is the first non-zero one."""
+    The status is the first non-zero one.
+
+    values: on the virtual GPU, {"compute": ..., "routing": ...} as
+    vgpu.activate takes them (None: the defaults, or the environment's)."""
     from .. import vgpu
     from ..recording.autostart import child_environment
 
@@ -57,7 +61,7 @@ def run_command(command: Sequence[str], output: str | None, *, gpu: str | None =
     if gpu:
         if device == "cpu":
             raise InputError("--gpu runs on a virtual CUDA device, which --device cpu would not record: leave it out")
-        env = vgpu.environment(gpu, memory=gpu_memory, base=env)
+        env = vgpu.environment(gpu, memory=gpu_memory, base=env, **(values or {}))
     elif output is None:
         raise InputError("a run without recording is a run on a virtual GPU: give --gpu")
     path = None

@@ -106,4 +106,16 @@ def _virtual_gpu() -> dict[str, Any]:
         "devices": [{k: d[k] for k in ("key", "total", "context_bytes")} for d in state["devices"]],
         # cuDNN's stand-in and the rows per card of the tables it answered from
         "cudnn": {"stand_in": cudnn.stand_in(), "tables": cudnn.table_path(), "table_rows": cudnn.table_rows()},
+        # what it computed, and where an MoE router's uncomputed logits sent tokens (docs/vgpu.md, "Values")
+        "values": _values(),
     }}
+
+
+def _values() -> dict[str, str]:
+    from ..vgpu.values import installed, settings_from_environment
+
+    try:
+        settings = installed().settings if installed() is not None else settings_from_environment()
+    except ValueError:
+        return {}
+    return {"compute": settings.mode, "routing": str(settings.routing)}

@@ -204,7 +204,8 @@ def render_fit(doc: dict[str, Any], top: int = 5) -> str:
 
 
 def _card_name(c: dict[str, Any]) -> str:
-    return c["gpu"] if c.get("rank") is None else f"{c['gpu']} rank {c['rank']}"
+    name = c["gpu"] if c.get("rank") is None else f"{c['gpu']} rank {c['rank']}"
+    return name if c.get("routing") is None else f"{name}, {c['routing']} routing"
 
 
 def card_lines(c: dict[str, Any], top: int = 5) -> list[str]:

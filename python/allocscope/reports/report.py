@@ -55,10 +55,22 @@ VIRTUAL_GPU_NOTE = ("torch's real caching allocator on allocscope's virtual GPU,
                     "the memory is the card's, the times are not")
 
 
+VALUES_NOTE = {"values": "the ops that steer shapes and control flow (--compute values)",
+               "all": "every op the host could (--compute all)", "none": "none (--compute none)"}
+
+
 def _virtual_gpu(cap: Capture) -> str | None:
     """The virtual GPU's devices (their --gpu spec) where the capture was made on it."""
     v = cap.metadata.get("virtual_gpu")
     return str(v.get("spec")) if isinstance(v, dict) and v.get("spec") else None
+
+def _virtual_gpu_values(cap: Capture) -> dict[str, str] | None:
+    """What the virtual GPU computed and its MoE routing (docs/vgpu.md, "Values"); None before they were
+    recorded."""
+    v = cap.metadata.get("virtual_gpu")
+    values = v.get("values") if isinstance(v, dict) else None
+    return {k: str(values[k]) for k in ("compute", "routing") if k in values} if isinstance(values, dict) else None
+
 
 def analyse(cap: Capture, *, replay_budget: int = REPLAY_BUDGET, window: tuple[int, int] | None = None) -> Analysis:
     """Attribution and timelines; on CUDA first the allocator's replay (its
@@ -173,6 +185,7 @@ def build_report(cap: Capture, *, at: str | None = None, steps: tuple[int, int] 
             "duration_ns": cap.duration_ns, "watched": [w.get("name") for w in att.watches],
             "ops": cap.metadata.get("ops"),
             "virtual_gpu": _virtual_gpu(cap),
+            "virtual_gpu_values": _virtual_gpu_values(cap),
         },
         "units": "bytes",
     }
@@ -257,6 +270,10 @@ def render(r: dict[str, Any], top: int = 10) -> str:
              f"{cap['duration_ns'] / 1e9:.2f} s{'' if cap['complete'] else ' (incomplete)'}"]
     if cap.get("virtual_gpu"):
         lines.append(f"on a virtual {cap['virtual_gpu']}: {VIRTUAL_GPU_NOTE}")
+        values = cap.get("virtual_gpu_values")
+        if values:
+            lines.append(f"values computed: {VALUES_NOTE.get(values.get('compute'), values.get('compute'))}; "
+                         f"MoE routing where a router's logits were not computed: {values.get('routing')}")
     if not cap["watched"]:
         lines.append("no model was watched: categories and the estimate need rec.watch(model, optimizer)")
     lines.append("")

@@ -29,15 +29,18 @@ from typing import Any, Mapping
 from ..common.errors import InputError
 # The tables of cuDNN's workspaces recorded on cards (csrc/vgpu/cudnn_tables.h); default: the ones shipped
 from .cudnn import CUDNN_TABLES, ENV_CUDNN_TABLES
+from .routing import ENV_COMPUTE, ENV_ROUTING, parse_mode, parse_routing
 
 __all__ = [
     "CUDNN_TABLES",
+    "ENV_COMPUTE",
     "ENV_CONTEXT",
     "ENV_CUDNN_TABLES",
     "ENV_EVENT_POLLS",
     "ENV_GPU",
     "ENV_MEMORY",
     "ENV_EXCHANGE",
+    "ENV_ROUTING",
     "ENV_SHARED",
     "Preset",
     "VirtualGpuError",
@@ -163,7 +166,7 @@ def device_spec(devices: list[Preset]) -> str:
 
 
 def _settings(gpu: str, memory: int | str | None, context: int | str | None,
-              event_polls: int | None) -> dict[str, str]:
+              event_polls: int | None, compute: str | None = None, routing: str | None = None) -> dict[str, str]:
     from ..common.units import parse_bytes
 
     # The stand-ins read sizes in bytes: "H100-80GB:20GiB" is written out.
@@ -184,11 +187,19 @@ def _settings(gpu: str, memory: int | str | None, context: int | str | None,
         if not 0 <= int(event_polls) <= 1_000_000:
             raise VirtualGpuError(f"event_polls must be between 0 and 1000000, not {event_polls}")
         out[ENV_EVENT_POLLS] = str(int(event_polls))
+    try:
+        if compute is not None:
+            out[ENV_COMPUTE] = parse_mode(compute)
+        if routing is not None:
+            out[ENV_ROUTING] = str(parse_routing(routing))
+    except ValueError as e:
+        raise VirtualGpuError(str(e)) from None
     return out
 
 
 def environment(gpu: str, *, memory: int | str | None = None, context: int | str | None = None,
-                event_polls: int | None = None, base: Mapping[str, str] | None = None) -> dict[str, str]:
+                event_polls: int | None = None, compute: str | None = None, routing: str | None = None,
+                base: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment for a child process that runs on the virtual GPU: every
     Python process started with it (and its own children) switches the
     virtual GPU on at startup, through allocscope's sitecustomize.
@@ -199,7 +210,7 @@ def environment(gpu: str, *, memory: int | str | None = None, context: int | str
 
     env = {k: v for k, v in (os.environ if base is None else base).items()
            if k not in (ENV_GPU, ENV_MEMORY, ENV_CONTEXT, ENV_EVENT_POLLS, ENV_SHARED, ENV_EXCHANGE)}
-    env.update(_settings(gpu, memory, context, event_polls))
+    env.update(_settings(gpu, memory, context, event_polls, compute, routing))
     return with_bootstrap(env)
 
 
@@ -223,7 +234,7 @@ def active() -> bool:
 
 
 def activate(gpu: str, *, memory: int | str | None = None, context: int | str | None = None,
-             event_polls: int | None = None) -> None:
+             event_polls: int | None = None, compute: str | None = None, routing: str | None = None) -> None:
     """Switches this process to the virtual GPU (and the Python processes it
     starts, through the environment). Must run before torch is imported.
 
@@ -233,10 +244,15 @@ def activate(gpu: str, *, memory: int | str | None = None, context: int | str | 
     but for a device given its own in `gpu`.
     context: the CUDA context's share of each device (default 512 MiB).
     event_polls: how many queries an event stays pending for (default 1).
+    compute: which ops compute their values: "values" (those that steer shapes and control flow, the
+    default), "all" (every op that can, on the host: slow, exact), "none" (docs/vgpu.md, "Values").
+    routing: what a top-k over uncomputed values (an MoE router's) picks: "balanced" (the default),
+    "balanced:1.5" (the busiest expert gets 1.5 times the mean), "worst", "computed".
     """
-    settings = _settings(gpu, memory, context, event_polls)
+    settings = _settings(gpu, memory, context, event_polls, compute, routing)
     if active():
-        current = {k: os.environ[k] for k in (ENV_GPU, ENV_MEMORY, ENV_CONTEXT, ENV_EVENT_POLLS) if k in os.environ}
+        current = {k: os.environ[k] for k in (ENV_GPU, ENV_MEMORY, ENV_CONTEXT, ENV_EVENT_POLLS, ENV_COMPUTE,
+                                              ENV_ROUTING) if k in os.environ and k in settings}
         if current != settings:
             raise VirtualGpuError(f"the virtual GPU is already on here as {current}; start a new process to change it")
         return
@@ -250,7 +266,7 @@ def activate(gpu: str, *, memory: int | str | None = None, context: int | str | 
     # processes this one starts inherit them, and the bootstrap.
     from ..common.bootstrap import with_bootstrap
 
-    for name in (ENV_GPU, ENV_MEMORY, ENV_CONTEXT, ENV_EVENT_POLLS):
+    for name in (ENV_GPU, ENV_MEMORY, ENV_CONTEXT, ENV_EVENT_POLLS, ENV_COMPUTE, ENV_ROUTING):
         os.environ.pop(name, None)
     os.environ.update(settings)
     os.environ["PYTHONPATH"] = with_bootstrap({"PYTHONPATH": os.environ.get("PYTHONPATH", "")})["PYTHONPATH"]
@@ -338,7 +354,8 @@ def activate_from_environment() -> None:
     try:
         polls = os.environ.get(ENV_EVENT_POLLS)
         activate(gpu, memory=os.environ.get(ENV_MEMORY), context=os.environ.get(ENV_CONTEXT),
-                 event_polls=int(polls) if polls else None)
+                 event_polls=int(polls) if polls else None, compute=os.environ.get(ENV_COMPUTE) or None,
+                 routing=os.environ.get(ENV_ROUTING) or None)
     except (VirtualGpuError, ValueError, OSError) as e:
         print(f"allocscope: no virtual GPU in this process ({sys.executable}): {e}", file=sys.stderr)
 

@@ -11,12 +11,24 @@ generation runs to max_new_tokens.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
+ENV_COMPUTE = "ALLOCSCOPE_VGPU_COMPUTE"  # values (default), all, none
+ENV_ROUTING = "ALLOCSCOPE_VGPU_ROUTING"  # balanced (default), balanced:FACTOR, worst, computed
 # widest dimension treated as a choice among experts
 ROUTING_MAX_WIDTH = 4096
 ROUTINGS = ("balanced", "worst", "computed")
+# what the virtual GPU computes: the ops that steer shapes (values), every op it can (all), none
+COMPUTE_MODES = ("values", "all", "none")
+
+
+def parse_mode(text: str) -> str:
+    if text not in COMPUTE_MODES:
+        raise ValueError(f"compute {text!r}: one of values (the default), all, none")
+    return text
 
 
 @dataclass(frozen=True)
@@ -63,9 +75,11 @@ def expert_counts(picks: int, experts: int, k: int, imbalance: float) -> list[in
     return counts
 
 
-def select(shape: tuple[int, ...], k: int, routing: Routing) -> torch.Tensor:
+def select(shape: tuple[int, ...], k: int, routing: Routing) -> "torch.Tensor":
     """The indices (int64, shape[:-1] + (k,), on the CPU) a top-k over the last dimension of uncomputed values
     of `shape` returns."""
+    import torch
+
     width = shape[-1]
     rows = 1
     for n in shape[:-1]:

@@ -29,11 +29,7 @@ from typing import Any, Callable
 import torch
 
 from . import host_ops
-from .routing import Routing, parse_routing, select
-
-ENV_COMPUTE = "ALLOCSCOPE_VGPU_COMPUTE"
-ENV_ROUTING = "ALLOCSCOPE_VGPU_ROUTING"
-MODES = ("values", "all", "none")
+from .routing import ENV_COMPUTE, ENV_ROUTING, Routing, parse_mode, parse_routing, select
 
 # The largest result computed in the default mode, by kind: indices, masks and counts steer shapes and can be
 # large (a one-hot routing mask of tokens × k × experts); floating-point results of that size are activations.
@@ -85,12 +81,6 @@ SELECTIONS = {"topk", "argmax", "argmin", "multinomial", "max.dim", "min.dim"}
 class Settings:
     mode: str = "values"
     routing: Routing = Routing()
-
-
-def parse_mode(text: str) -> str:
-    if text not in MODES:
-        raise ValueError(f"compute {text!r}: one of values (the default), all, none")
-    return text
 
 
 def settings_from_environment() -> Settings:
@@ -270,6 +260,7 @@ class Values:
                     continue
                 for overload_name in packet.overloads():
                     self._install_one(base, getattr(packet, overload_name))
+        _hide_own_frames(self._kernel(self.ops[0]) if self.ops else self._kernel)
         return len(self.ops)
 
     def _install_one(self, base: str, overload: Any) -> None:
@@ -487,6 +478,20 @@ class Values:
             return result
         REGISTRY.set(indices, True)
         return result
+
+
+def _hide_own_frames(kernel: Callable) -> None:
+    """An allocation made inside these kernels is the op's that the program called: the recorder leaves the
+    frames in which one can happen (those that call torch's CUDA kernel or allocate) out of its stacks, so that
+    a stack's innermost frame stays the program's line."""
+    from ..common.native import NativeUnavailableError, native
+
+    try:
+        hide = native().hide_frames_of
+    except NativeUnavailableError:
+        return
+    for function in (kernel, Values._run, Values._sized_by_values, Values._select, Values._unscale):
+        hide(function.__code__)
 
 
 def _debug(op: _Op, error: BaseException) -> None:

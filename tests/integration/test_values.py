@@ -1,0 +1,177 @@
+"""Values that decide memory (docs/vgpu.md, "Values"): on the virtual GPU the ops that steer shapes and control
+flow compute for real, selections over uncomputed values pick by the routing choice, and --compute all computes
+what it can. The probes hold on a card too; what depends on uncomputed values is the virtual GPU's alone."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import allocscope
+from allocscope import EventKind, vgpu
+
+from ..conftest import ROOT
+
+pytestmark = pytest.mark.cuda
+virtual_only = pytest.mark.skipif("not __import__('allocscope').vgpu.active()",
+                                  reason="uncomputed values exist on the virtual GPU only")
+MOE = os.path.join(ROOT, "examples", "moe_train.py")
+EXPERTS_RUN = os.path.join(ROOT, "tests", "scripts", "moe_experts_run.py")
+GENERATE = os.path.join(ROOT, "examples", "generate.py")
+SMALL_MOE = ["--hidden", "256", "--intermediate", "512", "--layers", "2", "--dtype", "float32",
+             "--batch-size", "2", "--seq-len", "64"]
+
+
+def test_the_probes_give_a_cards_values():
+    assert torch.ones(1000, device="cuda").sum().item() == 1000.0
+    assert torch.nonzero(torch.ones(1000, device="cuda")).shape == (1000, 1)
+    x = torch.arange(1000, device="cuda")
+    assert x[x >= 500].shape == (500,)
+    y = torch.tensor([1, 2, 3], device="cuda")
+    assert (y * 2).tolist() == [2, 4, 6]
+    assert torch.unique(torch.tensor([3, 1, 3, 2], device="cuda")).tolist() == [1, 2, 3]
+    assert torch.repeat_interleave(torch.tensor([1, 2], device="cuda"), torch.tensor([2, 3], device="cuda")).shape \
+        == (5,)
+
+
+def _scaler_scale(device: str, steps: int) -> float:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 8).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler(device, growth_interval=1)
+    for _ in range(steps):
+        loss = model(torch.randn(4, 8).to(device)).sum()
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad()
+    return scaler.get_scale()
+
+
+def test_gradscaler_scales_as_a_cpu_gradscaler_with_the_same_settings():
+    assert _scaler_scale("cuda", 3) == _scaler_scale("cpu", 3) == 65536.0 * 2 ** 3
+
+
+def test_a_loss_over_the_labels_mask_allocates_what_the_cpu_run_does(tmp_path):
+    def loss(device):
+        logits = torch.zeros(4, 128, 1000, device=device, requires_grad=True)
+        labels = torch.full((4, 128), -100, dtype=torch.int64)
+        labels[:, 37:101] = 7  # made on the host, as a data loader makes them
+        labels = labels.to(device)
+        selected = logits[labels != -100]
+        torch.nn.functional.cross_entropy(selected, labels[labels != -100]).backward()
+        return selected.shape
+
+    assert loss("cuda") == loss("cpu") == (4 * 64, 1000)
+    with allocscope.record(tmp_path / "cuda.alsc", device="cuda"):
+        loss("cuda")
+    ev = allocscope.load(tmp_path / "cuda.alsc").events
+    sizes = ev.size[ev.kind == EventKind.ALLOC]
+    assert (4 * 64 * 1000 * 4) in sizes  # the selected logits, sized from the computed mask
+
+
+@virtual_only
+def test_uncomputed_values_read_zero_and_a_router_over_them_balances():
+    a = torch.randn(2048, 64, device="cuda") @ torch.randn(64, 8, device="cuda")  # a matmul computes nothing
+    assert a.sum().item() == 0.0 and a.cpu().abs().sum().item() == 0.0
+    picks = torch.topk(torch.softmax(a, dim=-1), 2, dim=-1).indices
+    assert torch.bincount(picks.view(-1).cpu(), minlength=8).tolist() == [512] * 8
+    assert torch.argmax(torch.randn(3, 64, device="cuda") @ torch.randn(64, 32000, device="cuda"), -1).tolist() \
+        == [16000] * 3  # over a vocabulary: its middle, never an end-of-sequence token at either end
+
+
+@virtual_only
+def test_an_allocation_inside_a_computed_op_keeps_the_programs_line(tmp_path):
+    import inspect
+
+    x = torch.arange(1 << 20, device="cuda")
+    with allocscope.record(tmp_path / "line.alsc", device="cuda"):
+        line = inspect.currentframe().f_lineno + 1
+        y = x * 3
+    assert y[5].item() == 15
+    cap = allocscope.load(tmp_path / "line.alsc")
+    (alloc,) = np.flatnonzero(cap.events.kind == EventKind.ALLOC)
+    top = cap.stack(cap.events.stack[alloc])[0]
+    assert (top.filename, top.line) == (__file__, line)
+
+
+def _run(args, *, gpu=True, values=(), record=None, cwd=None):
+    cmd = [sys.executable, *args]
+    if gpu:
+        head = [sys.executable, "-m", "allocscope", "run", "--gpu", "H100-80GB", *values]
+        cmd = head + (["--no-record"] if record is None else ["-o", str(record)]) + ["--", *cmd]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=cwd)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+@virtual_only
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe"])
+def test_moe_routing_computed_exactly_is_the_cpu_runs(family):
+    pytest.importorskip("transformers")
+    args = [MOE, *SMALL_MOE, "--family", family]
+    cpu = _run([*args, "--device", "cpu"], gpu=False)
+    exact = _run(args, values=["--compute", "all"])
+    assert exact["tokens_per_expert"] == cpu["tokens_per_expert"]
+    assert exact["loss"] == pytest.approx(cpu["loss"], rel=1e-5)
+    # (the eager experts loop, which indexes tokens by the mask nonzero() finds)
+    eager = _run([*args, "--experts-implementation", "eager"], values=["--compute", "all"])
+    assert eager["tokens_per_expert"] == cpu["tokens_per_expert"]
+
+
+@virtual_only
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe"])
+def test_balanced_routing_runs_every_expert_with_its_share(family, tmp_path):
+    pytest.importorskip("transformers")
+    out = _run([EXPERTS_RUN, *SMALL_MOE, "--family", family])
+    tokens, k, experts = 128, 2, 8
+    for layer in out["tokens_per_expert"]:
+        assert all(abs(n - tokens * k / experts) <= 1 for n in layer)
+    assert out["experts_run"] == experts * 2  # every expert of both layers ran its tokens
+    worst = _run([EXPERTS_RUN, *SMALL_MOE, "--family", family], values=["--routing", "worst"])
+    assert [layer[:k] for layer in worst["tokens_per_expert"]] == [[tokens] * k] * 2
+    assert worst["experts_run"] == k * 2
+
+
+@virtual_only
+@pytest.mark.parametrize("routing", ["balanced", "worst"])
+def test_each_routings_capture_replays_exactly_and_names_its_routing(routing, tmp_path):
+    pytest.importorskip("transformers")
+    capture = tmp_path / f"{routing}.alsc"
+    out = _run([MOE, *SMALL_MOE], values=["--routing", routing], record=capture)
+    p = subprocess.run([sys.executable, "-m", "allocscope", "report", "--json", str(capture)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["capture"]["virtual_gpu_values"] == {"compute": "values", "routing": routing}
+    assert doc["allocator"]["replay"]["exact"]
+    assert doc["peak_reserved"]["reserved_bytes"] == out["max_reserved"]
+    text = subprocess.run([sys.executable, "-m", "allocscope", "report", str(capture)], capture_output=True,
+                          text=True, timeout=300).stdout
+    assert f"MoE routing where a router's logits were not computed: {routing}" in text
+
+
+@virtual_only
+@pytest.mark.parametrize("options", [["--cache", "dynamic"], ["--cache", "static"], ["--do-sample"]])
+def test_generate_runs_exactly_max_new_tokens_steps(options):
+    pytest.importorskip("transformers")
+    n = 6
+    out = _run([GENERATE, "--layers", "2", "--hidden", "256", "--intermediate", "512", "--heads", "4",
+                "--kv-heads", "2", "--batch-size", "2", "--prompt-len", "16", "--max-new-tokens", str(n), *options])
+    assert out["forward_passes"] == n and out["new_tokens"] == n
+
+
+def test_bad_values_settings_are_one_line_errors():
+    with pytest.raises(vgpu.VirtualGpuError, match="routing 'random'"):
+        vgpu.environment("H100-80GB", routing="random")
+    with pytest.raises(vgpu.VirtualGpuError, match="compute 'some'"):
+        vgpu.environment("H100-80GB", compute="some")
+    p = subprocess.run([sys.executable, "-m", "allocscope", "run", "--routing", "worst", "--no-record", "--",
+                        sys.executable, "-c", "pass"], capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0 and "give --gpu too" in p.stderr and "Traceback" not in p.stderr
