@@ -12,7 +12,7 @@ HELP = "run a command on virtual GPUs of several models: does it fit on each, an
 DESCRIPTION = """\
 Run a command once per --gpu on a virtual GPU of that model (torch's real CUDA
 caching allocator on a stand-in card: memory behaves as on the card, kernels
-compute nothing; docs/vgpu.md), recording it, and say for each card whether
+compute nothing but the cheap ops that steer shapes; docs/vgpu.md), recording it, and say for each card whether
 it fits: the peaks of allocated and reserved memory, the headroom (the card's
 memory less the reserved peak and what the CUDA context and libraries use),
 what filled memory at the peak (categories and modules: the script's models
@@ -70,9 +70,10 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--search", metavar="NAME=LOW..HIGH", type=_search_range,
                         help="find the largest value of NAME in LOW..HIGH that fits ({NAME} in the command, "
                              "and the environment variable NAME)")
-    from .run import add_values_arguments, add_world_arguments
+    from .run import add_limit_arguments, add_values_arguments, add_world_arguments
 
     add_values_arguments(parser, several_routings=True)
+    add_limit_arguments(parser)
     add_world_arguments(parser)
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND",
                         help="the command to run, after --")
@@ -91,7 +92,7 @@ def _search_range(text: str) -> tuple[str, int, int]:
 def run(args: argparse.Namespace) -> int:
     from ..common.errors import InputError
     from ..harness.fit import fit
-    from .run import world_from
+    from .run import limits_from, world_from
     from ..reports.fit import render_fit, render_search
 
     if args.top < 1:
@@ -101,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     memory = args.gpu_memory if args.gpu_memory is not None else os.environ.get(ENV_MEMORY) or None
     doc = fit(args.command, args.gpu, output_dir=args.output_dir, force=args.force, stacks=args.stacks, top=args.top,
               search=args.search, stdout_to_stderr=args.json, world=world_from(args), gpu_memory=memory,
-              compute=args.compute, routings=args.routing)
+              compute=args.compute, routings=args.routing, limits=limits_from(args))
     if args.json:
         print(json.dumps(doc, indent=1))
     else:

@@ -16,8 +16,9 @@ same run writes FILE with its rank (torchrun) or pid added to the name.
 
 With --gpu, the command runs on a virtual GPU of that model instead of
 whatever GPU this machine has (or has not): torch's real CUDA caching
-allocator runs, kernels compute nothing, so memory behaves as on the card
-while values are meaningless (docs/vgpu.md). `--gpu list` lists the models.
+allocator runs, kernels compute nothing but the cheap ops whose values steer
+shapes and control flow, so memory behaves as on the card (docs/vgpu.md,
+"Values"). `--gpu list` lists the models.
 
 examples:
   allocscope run -o step.alsc -- python train.py --epochs 1
@@ -62,6 +63,7 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu-memory", metavar="SIZE", help="the virtual GPU's total memory (e.g. 12GiB)")
     parser.add_argument("--no-record", action="store_true", help="run on the virtual GPU without recording")
     add_values_arguments(parser)
+    add_limit_arguments(parser)
     add_world_arguments(parser)
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND",
                         help="the command to run, after --")
@@ -78,6 +80,33 @@ def add_values_arguments(parser: argparse.ArgumentParser, several_routings: bool
                              "tokens: balanced (the default), balanced:F (the busiest expert gets F times the "
                              "mean), worst (all to the same experts), computed (whatever the values are)" +
                              ("; repeat for several side by side" if several_routings else ""))
+
+
+def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-time", type=float, metavar="SECONDS",
+                        help="stop any process of the command that runs longer, saying where it was (its capture "
+                             "is finished)")
+    parser.add_argument("--max-events", type=int, metavar="N",
+                        help="stop any process whose recording passes N events (a loop that never ends)")
+    parser.add_argument("--max-host-memory", metavar="SIZE",
+                        help="stop any process that holds more host memory (e.g. 16GiB: the virtual card's "
+                             "written memory is host memory)")
+
+
+def limits_from(args: argparse.Namespace):  # -> Limits
+    from ..common.errors import InputError
+    from ..common.units import parse_bytes
+    from ..recording.limits import Limits
+
+    if args.max_time is not None and not args.max_time > 0:
+        raise InputError("--max-time is a number of seconds > 0")
+    if args.max_events is not None and args.max_events < 1:
+        raise InputError("--max-events is a number of events >= 1")
+    try:
+        memory = parse_bytes(args.max_host_memory) if args.max_host_memory is not None else None
+    except ValueError as e:
+        raise InputError(f"--max-host-memory: {e}") from None
+    return Limits(args.max_time, args.max_events, memory)
 
 
 def values_from(args: argparse.Namespace) -> dict[str, str | None]:
@@ -140,7 +169,8 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("give the capture file: allocscope run -o FILE -- python script.py")
     result = run_command(args.command, None if args.no_record else args.output, gpu=args.gpu,
                          gpu_memory=args.gpu_memory, device=args.device, stacks=args.stacks, force=args.force,
-                         world=world_from(args), ops=args.ops, watch=args.watch, values=values_from(args))
+                         world=world_from(args), ops=args.ops, watch=args.watch, values=values_from(args),
+                         limits=limits_from(args))
     for path in result.captures:
         print(f"allocscope: wrote {os.path.relpath(path)}", file=sys.stderr)
     if result.device and not result.captures:

@@ -18,6 +18,7 @@ import sys
 from typing import Any, Sequence
 
 from ..common.errors import InputError
+from ..recording.limits import ENV_LIMITS, Limits
 from .child import command_line, finished_outputs, outputs, wait_for
 from .search import parse_search, search_largest
 from .world import World
@@ -29,7 +30,7 @@ def fit(command: Sequence[str], gpus: Sequence[str], *, output_dir: str = "alloc
         stacks: str = "python", top: int = 5, search: str | tuple[str, int, int] | None = None,
         stdout_to_stderr: bool = False, world: World | None = None,
         gpu_memory: int | str | None = None, compute: str | None = None,
-        routings: Sequence[str] = ()) -> dict[str, Any]:
+        routings: Sequence[str] = (), limits: Limits | None = None) -> dict[str, Any]:
     """Runs `command` (a script runs with this Python) on a virtual GPU of each
     model in `gpus` (`allocscope run --gpu list`), recording it into
     output_dir (one capture per card, kept), and returns the fit document:
@@ -49,6 +50,9 @@ def fit(command: Sequence[str], gpus: Sequence[str], *, output_dir: str = "alloc
     router whose logits were not computed sends tokens (vgpu.activate); with
     several routings each card runs once per routing, side by side (an
     entry's "routing" names it).
+
+    limits: bounds each run's processes stop at (recording/limits.py); a
+    run stopped there is a failed one (exit status LIMIT_STATUS).
 
     force: overwrite the captures of an earlier fit in output_dir.
     stdout_to_stderr: the command's standard output goes to standard error
@@ -77,7 +81,7 @@ def fit(command: Sequence[str], gpus: Sequence[str], *, output_dir: str = "alloc
         raise InputError("several routings side by side are for a plain fit: give one --routing with --search "
                          "or --world-size")
     runs = _Runs(cmd, os.path.abspath(output_dir), stacks, top, search, stdout_to_stderr, world, gpu_memory,
-                 {"compute": compute, "routing": routings[0] if len(routings) == 1 else None})
+                 {"compute": compute, "routing": routings[0] if len(routings) == 1 else None}, limits)
     runs.prepare(gpus, force, routings)
     if search is not None:
         doc = _search(runs, cmd, gpus, search)
@@ -124,10 +128,11 @@ class _Runs:
 
     def __init__(self, cmd: list[str], directory: str, stacks: str, top: int, search: tuple[str, int, int] | None,
                  stdout_to_stderr: bool, world: World | None = None, gpu_memory: int | str | None = None,
-                 values: dict[str, str | None] | None = None):
+                 values: dict[str, str | None] | None = None, limits: Limits | None = None):
         self.cmd, self.directory, self.stacks, self.top, self.search = cmd, directory, stacks, top, search
         self.stdout_to_stderr, self.world, self.gpu_memory = stdout_to_stderr, world, gpu_memory
         self.values = values or {}
+        self.limits = limits
         self.ran: dict[tuple[str, int], dict[str, Any]] = {}  # (gpu, value) -> card result, for predictions
 
     def path(self, gpu: str, value: int | None = None, routing: str | None = None) -> str:
@@ -180,6 +185,8 @@ class _Runs:
             name = self.search[0]
             cmd = [a.replace("{" + name + "}", str(value)) for a in cmd]
             env[name] = str(value)
+        if self.limits is not None and self.limits.any():
+            env[ENV_LIMITS] = self.limits.to_environment()
         env[ENV_FIT] = json.dumps({"gpu": gpu, "command": cmd, "search": self.search[0] if self.search else None,
                                    "value": value})
         where = f"a virtual {gpu}" + ("" if value is None else f" with {self.search[0]}={value}") + \

@@ -9,9 +9,10 @@ import dataclasses
 import os
 import tempfile
 import uuid
-from typing import Iterator, Sequence
+from typing import Iterator, Mapping, Sequence
 
 from ..common.errors import InputError
+from ..recording.limits import ENV_LIMITS, Limits
 from .child import command_line, finished_outputs, outputs, wait_for
 from .world import World
 
@@ -28,7 +29,7 @@ class RunResult:
 def run_command(command: Sequence[str], output: str | None, *, gpu: str | None = None, gpu_memory: str | None = None,
                 device: str = "auto", stacks: str = "python", force: bool = False,
                 world: World | None = None, ops: bool | None = None, watch: bool = False,
-                values: Mapping[str, str | None] | None = None) -> RunResult:
+                values: Mapping[str, str | None] | None = None, limits: Limits | None = None) -> RunResult:
     """Runs `command` (a script runs with this Python) to its end, recording
     into `output` (None: not recorded, only on a virtual GPU), on a virtual
     GPU of model `gpu` (with `gpu_memory` instead of the preset's) or on
@@ -45,13 +46,16 @@ def run_command(command: Sequence[str], output: str | None, *, gpu: str | None =
     The status is the first non-zero one.
 
     values: on the virtual GPU, {"compute": ..., "routing": ...} as
-    vgpu.activate takes them (None: the defaults, or the environment's)."""
+    vgpu.activate takes them (None: the defaults, or the environment's).
+    limits: bounds each process of the command stops at (recording/limits.py)."""
     from .. import vgpu
     from ..recording.autostart import child_environment
 
     cmd = command_line(command, "allocscope run -o FILE -- python script.py")
     env = dict(os.environ)
     env[ENV_RUN_ID] = uuid.uuid4().hex
+    if limits is not None and limits.any():
+        env[ENV_LIMITS] = limits.to_environment()
     if world is not None:
         from .world import node_gpus
 

@@ -18,7 +18,7 @@ import os
 import sys
 from typing import Any, Callable
 
-__all__ = ["EXIT", "OS_EXIT", "at_process_exit"]
+__all__ = ["EXIT", "OS_EXIT", "at_process_exit", "end_process"]
 
 # The reasons handlers are called with (a capture's footer says which)
 EXIT = "exit"
@@ -40,6 +40,13 @@ def at_process_exit(handler: Callable[[str], None]) -> None:
     if handler not in _handlers:
         _handlers.append(handler)
     _install()
+
+
+def end_process(status: int, reason: str) -> None:
+    """Ends this process now, from any thread: the handlers run with `reason` (a capture's footer says it),
+    then os._exit(status)."""
+    _run(reason)
+    (_os_exit or os._exit)(status)
 
 
 def _install() -> None:

@@ -25,13 +25,14 @@ def _run_shadowed_sitecustomize() -> None:
 def _arm() -> None:
     try:
         from allocscope import vgpu
-        from allocscope.recording import autostart
+        from allocscope.recording import autostart, limits
     except ImportError as e:
         print(f"allocscope: not active in this process ({sys.executable}): cannot import allocscope: {e}",
               file=sys.stderr)
         return
     vgpu.activate_from_environment()
     autostart.activate()
+    limits.activate_from_environment()
 
 
 _run_shadowed_sitecustomize()
