@@ -12,6 +12,7 @@
 #include "backward_scopes.h"
 #include "ops.h"
 #include "pystack.h"
+#include "value_kernels.h"
 #include "saved.h"
 #include "recorder.h"
 #ifdef ALLOCSCOPE_WITH_CUDA
@@ -88,6 +89,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("backward_nested_end", &backward_scopes::nested_end);
   m.def("start_ops", [] { return Recorder::get().start_ops(); });
   m.def("walker", [] { return Recorder::get().walker(); });
+  m.def("register_value_kernel", &value_kernels::register_cuda_kernel, py::arg("name"), py::arg("overload"));
   m.def(
       "hide_frames_of",
       [](py::object code) {

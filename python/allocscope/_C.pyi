@@ -31,6 +31,9 @@ def backward_nested_end() -> None: ...
 def start_ops() -> bool:
     """Starts recording ops in a running recording without them; False when not recording or already on."""
 def walker() -> str: ...
+def register_value_kernel(name: str, overload: str) -> None:
+    """aten::name.overload's CUDA kernel becomes one that moves wrapped numbers made on the device to the CPU
+    and redispatches to the kernel registered at PrivateUse3 (vgpu/values.py)."""
 def hide_frames_of(code: object) -> bool:
     """Frames of this code object, where innermost, are left out of recorded stacks (the virtual GPU's Python
     kernels); False when the list (64) is full."""

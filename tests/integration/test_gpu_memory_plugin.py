@@ -69,6 +69,13 @@ def test_unknown_gpu():
     pass
 
 
+@pytest.mark.gpu_memory(gpu="L4-24GB", max_reserved="1GiB", routing="worst")
+def test_routing_reaches_the_child():
+    import torch
+    logits = torch.randn(64, 32, device="cuda") @ torch.randn(32, 8, device="cuda")  # not computed
+    assert torch.topk(logits, 2).indices.unique().tolist() == [0, 1]  # every token to experts 0 and 1
+
+
 def test_unmarked():
     assert "ALLOCSCOPE_GPU_MEMORY_CHILD" not in os.environ  # in the suite's own process, not a child
 '''
@@ -101,7 +108,8 @@ def test_outcomes(session):
     assert proc.returncode == 1, out + proc.stderr
     for outcome, test in [("PASSED", "test_small_fits"), ("FAILED", "test_large_over_budget"),
                           ("FAILED", "test_runs_out"), ("FAILED", "test_fails_for_its_own_reason"),
-                          ("ERROR", "test_unknown_gpu"), ("PASSED", "test_unmarked")]:
+                          ("ERROR", "test_unknown_gpu"), ("PASSED", "test_unmarked"),
+                          ("PASSED", "test_routing_reaches_the_child")]:
         assert re.search(rf"^{outcome} test_budget.py::{test}\b", out, re.M), (test, out)
     # The tests ran on the cards their markers name (the children), not in the suite's process.
     assert peaks["small"][2] == "NVIDIA L4" and peaks["large"][2] == "NVIDIA L4"

@@ -175,3 +175,26 @@ def test_bad_values_settings_are_one_line_errors():
     p = subprocess.run([sys.executable, "-m", "allocscope", "run", "--routing", "worst", "--no-record", "--",
                         sys.executable, "-c", "pass"], capture_output=True, text=True, timeout=120)
     assert p.returncode != 0 and "give --gpu too" in p.stderr and "Traceback" not in p.stderr
+
+
+@virtual_only
+def test_fit_gives_balanced_and_worst_routing_side_by_side(tmp_path):
+    pytest.importorskip("transformers")
+    # the eager experts loop: one expert's activations at a time, sized by its tokens
+    workload = ["--hidden", "256", "--intermediate", "2048", "--layers", "1", "--dtype", "float32", "--batch-size",
+                "8", "--seq-len", "512", "--vocab", "64", "--experts-implementation", "eager"]
+    p = subprocess.run([sys.executable, "-m", "allocscope", "fit", "--gpu", "L4-24GB", "--routing", "balanced",
+                        "--routing", "worst", "--json", "-o", str(tmp_path / "fit"), "--", sys.executable, MOE,
+                        *workload], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    cards = {c["routing"]: c for c in json.loads(p.stdout)["cards"]}
+    assert set(cards) == {"balanced", "worst"} and all(c["verdict"] == "fits" for c in cards.values())
+    assert {os.path.basename(c["capture"]) for c in cards.values()} == \
+        {"L4-24GB.routing=balanced.alsc", "L4-24GB.routing=worst.alsc"}
+    largest = {}
+    for routing, card in cards.items():
+        cap = allocscope.load(os.path.join(tmp_path, "fit", os.path.basename(card["capture"])))
+        assert cap.metadata["virtual_gpu"]["values"]["routing"] == routing
+        largest[routing] = int(cap.events.size[cap.events.kind == EventKind.ALLOC].max())
+    # an expert's gate and up projections for its tokens: all 4,096 of them under the worst routing
+    assert largest["worst"] == 4096 * 2 * 2048 * 4 > largest["balanced"]

@@ -15,6 +15,8 @@ def test_budget_of_reads_sizes_and_the_gpu():
     assert b == Budget("A100-40GB", memory=24 * 10**9, max_reserved=30 << 30, max_allocated=1000)
     assert budget_of((), {"max_reserved": "1GiB"}, "L4-24GB").gpu == "L4-24GB"  # the session's card
     assert budget_of((), {"gpu": "t4-16gb", "max_reserved": "1GiB"}, "L4-24GB").gpu == "t4-16gb"
+    routed = budget_of(("H100-80GB",), {"max_reserved": "1GiB", "routing": "balanced:1.50", "compute": "all"}, None)
+    assert (routed.routing, routed.compute) == ("balanced:1.5", "all")
 
 
 @pytest.mark.parametrize("args, kwargs, message", [
@@ -28,6 +30,8 @@ def test_budget_of_reads_sizes_and_the_gpu():
     (("A100-40GB",), {"gpu": "L4-24GB", "max_reserved": "1GiB"}, "one positional argument"),
     (("B200-192GB",), {"max_reserved": "1GiB"}, "unknown GPU 'B200-192GB'"),
     (("2xA100-40GB",), {"max_reserved": "1GiB"}, "one device"),
+    (("A100-40GB",), {"max_reserved": "1GiB", "routing": "random"}, "routing 'random'"),
+    (("A100-40GB",), {"max_reserved": "1GiB", "compute": "most"}, "compute 'most'"),
 ])
 def test_budget_of_refuses(args, kwargs, message):
     with pytest.raises(BudgetError, match=message.replace("(", r"\(")):

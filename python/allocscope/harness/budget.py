@@ -39,7 +39,8 @@ __all__ = ["Budget", "BudgetError", "ENV_CHILD", "budget_of", "child_spec", "jud
            "stop_recording", "write_report"]
 
 ENV_CHILD = "ALLOCSCOPE_GPU_MEMORY_CHILD"  # JSON: what the child runs, where it writes, the budget
-_KEYS = ("gpu", "memory", "max_reserved", "max_allocated")
+_KEYS = ("gpu", "memory", "max_reserved", "max_allocated", "routing", "compute")
+_SIZES = ("memory", "max_reserved", "max_allocated")
 _RECORDING = pytest.StashKey[Any]()
 
 
@@ -53,6 +54,8 @@ class Budget:
     memory: int | None = None  # the card's total memory, instead of the model's
     max_reserved: int | None = None
     max_allocated: int | None = None
+    routing: str | None = None  # where an MoE router whose logits were not computed sends tokens (vgpu.activate)
+    compute: str | None = None  # which ops compute their values on the virtual GPU
 
     def excess(self, reserved: int, allocated: int) -> list[str]:
         """The limits passed, as sentences; empty where the peaks are within them."""
@@ -80,7 +83,8 @@ def _size(name: str, value: Any) -> int | None:
 def budget_of(args: tuple[Any, ...], kwargs: dict[str, Any], session_gpu: str | None) -> Budget:
     """The budget a marker's arguments ask for: gpu (or the first positional
     argument; by default the session's virtual GPU), memory, max_reserved,
-    max_allocated (sizes as bytes or text: 30GiB, 24GB)."""
+    max_allocated (sizes as bytes or text: 30GiB, 24GB), routing and compute
+    (as vgpu.activate takes them)."""
     unknown = sorted(set(kwargs) - set(_KEYS))
     if unknown:
         raise BudgetError(f"unknown argument {unknown[0]!r}: gpu_memory takes {', '.join(_KEYS)}")
@@ -95,7 +99,12 @@ def budget_of(args: tuple[Any, ...], kwargs: dict[str, Any], session_gpu: str | 
         raise BudgetError(str(e)) from None
     if len(devices) != 1:
         raise BudgetError(f"gpu_memory checks one device, not {gpu!r}")
-    budget = Budget(str(gpu), *(_size(k, kwargs.get(k)) for k in _KEYS[1:]))
+    try:
+        routing = str(vgpu.parse_routing(str(kwargs["routing"]))) if kwargs.get("routing") is not None else None
+        compute = vgpu.parse_mode(str(kwargs["compute"])) if kwargs.get("compute") is not None else None
+    except ValueError as e:
+        raise BudgetError(str(e)) from None
+    budget = Budget(str(gpu), *(_size(k, kwargs.get(k)) for k in _SIZES), routing=routing, compute=compute)
     if budget.max_reserved is None and budget.max_allocated is None:
         raise BudgetError("gpu_memory needs max_reserved=... or max_allocated=... (e.g. max_reserved=\"30GiB\")")
     return budget
@@ -149,7 +158,8 @@ def _run_child(item: pytest.Item, budget: Budget) -> list[Any]:
             **dataclasses.asdict(budget)}
     # Not the settings of an `allocscope run` or `fit` the suite itself runs under.
     base = {k: v for k, v in os.environ.items() if k not in (ENV_OUTPUT, ENV_OPTIONS, ENV_FIT)}
-    env = vgpu.environment(budget.gpu, memory=budget.memory, base=base) | {ENV_CHILD: json.dumps(spec)}
+    env = vgpu.environment(budget.gpu, memory=budget.memory, compute=budget.compute, routing=budget.routing,
+                           base=base) | {ENV_CHILD: json.dumps(spec)}
     proc = subprocess.run(_child_command(item), cwd=config.invocation_params.dir, env=env,
                           stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace")
     reports = []

@@ -26,9 +26,11 @@ import pytest
 from .. import vgpu
 from . import budget
 
-_MARKER = ("gpu_memory(gpu=None, max_reserved=None, max_allocated=None, memory=None): run the test on allocscope's "
-           "virtual GPU of that card, in a child process, and fail it where torch's peak reserved or allocated "
-           "memory passes the limit (sizes: bytes or text such as '30GiB') or where it runs out of memory")
+_MARKER = ("gpu_memory(gpu=None, max_reserved=None, max_allocated=None, memory=None, routing=None, compute=None): "
+           "run the test on allocscope's virtual GPU of that card, in a child process, and fail it where torch's "
+           "peak reserved or allocated memory passes the limit (sizes: bytes or text such as '30GiB') or where it "
+           "runs out of memory; routing: where an MoE router whose logits were not computed sends tokens "
+           "(balanced, balanced:F, worst, computed)")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -19,7 +19,7 @@ import time
 from dataclasses import asdict, dataclass
 from types import FrameType
 
-__all__ = ["ENV_LIMITS", "LIMIT_STATUS", "Limits", "activate_from_environment", "where_the_program_is"]
+__all__ = ["ENV_LIMITS", "LIMIT_STATUS", "Limits", "watch_from_environment", "where_the_program_is"]
 
 ENV_LIMITS = "ALLOCSCOPE_LIMITS"
 LIMIT_STATUS = 124  # as timeout(1)'s
@@ -108,7 +108,7 @@ def _watch(limits: Limits, started: float, main: int) -> None:
         end_process(LIMIT_STATUS, "limit")
 
 
-def activate_from_environment() -> None:
+def watch_from_environment() -> None:
     """At interpreter startup (sitecustomize): watch this process's bounds, if the run set any."""
     text = os.environ.get(ENV_LIMITS)
     if not text:

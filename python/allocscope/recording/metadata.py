@@ -112,10 +112,10 @@ def _virtual_gpu() -> dict[str, Any]:
 
 
 def _values() -> dict[str, str]:
-    from ..vgpu.values import installed, settings_from_environment
+    from ..vgpu.values import installed_values, settings_from_environment
 
     try:
-        settings = installed().settings if installed() is not None else settings_from_environment()
+        settings = installed_values().settings if installed_values() is not None else settings_from_environment()
     except ValueError:
         return {}
     return {"compute": settings.mode, "routing": str(settings.routing)}

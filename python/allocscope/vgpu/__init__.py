@@ -51,6 +51,8 @@ __all__ = [
     "device_spec",
     "environment",
     "parse_gpus",
+    "parse_mode",
+    "parse_routing",
     "presets",
     "state",
 ]
@@ -319,9 +321,9 @@ def _distributed() -> None:
 
 
 def _values() -> None:
-    from .values import install
+    from .values import install_values
 
-    install()
+    install_values()
 
 
 # How long the interpreter waits at exit for autograd's device threads.

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import torch
 
-Substitute = Callable[[tuple, dict, list], None]
+__all__ = ["SUBSTITUTES", "substitute"]
 
 
 def _bound(overload: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
@@ -101,6 +101,7 @@ def _histc(overload: Any, args: tuple, kwargs: dict, outputs: list) -> None:
     outputs[0].copy_(counts)
 
 
+# op overload -> what computes it on the host: f(overload, host args, host kwargs, host outputs)
 SUBSTITUTES: dict[str, Callable[[Any, tuple, dict, list], None]] = {
     "_scaled_dot_product_efficient_attention.default": _efficient_forward,
     "_scaled_dot_product_efficient_attention_backward.default": _efficient_backward,

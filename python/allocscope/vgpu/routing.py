@@ -16,6 +16,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
+__all__ = ["COMPUTE_MODES", "ENV_COMPUTE", "ENV_ROUTING", "ROUTINGS", "ROUTING_MAX_WIDTH", "Routing", "expert_counts",
+           "parse_mode", "parse_routing", "select"]
+
 ENV_COMPUTE = "ALLOCSCOPE_VGPU_COMPUTE"  # values (default), all, none
 ENV_ROUTING = "ALLOCSCOPE_VGPU_ROUTING"  # balanced (default), balanced:FACTOR, worst, computed
 # widest dimension treated as a choice among experts

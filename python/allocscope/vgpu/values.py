@@ -21,15 +21,20 @@ element, unique finds every element distinct (the largest results, for a dry run
 
 from __future__ import annotations
 
+import contextlib
 import os
-import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
 from . import host_ops
+from .host_tensors import (GENERATORS, REGISTRY, covers_storage, host_alias, on_cuda, tensors_in, to_host,
+                           wrapped_number)
 from .routing import ENV_COMPUTE, ENV_ROUTING, Routing, parse_mode, parse_routing, select
+
+__all__ = ["COMPUTED", "COMPUTE_LIMITS", "HEAVY", "Settings", "Values", "install_values", "installed_values",
+           "settings_from_environment"]
 
 # The largest result computed in the default mode, by kind: indices, masks and counts steer shapes and can be
 # large (a one-hot routing mask of tokens × k × experts); floating-point results of that size are activations.
@@ -64,6 +69,8 @@ HEAVY = (
     "native_batch_norm", "_softmax_backward_data", "_log_softmax_backward_data", "gelu_backward",
     "silu_backward", "threshold_backward", "nll_loss_forward", "nll_loss_backward",
 )
+# Where the Python kernels are registered, behind the C++ CUDA kernel that reaches them (value_kernels.h)
+VALUE_KEY = "PrivateUse3"
 # Allocations: what they return holds (arbitrary) values, as on a card.
 UNINITIALIZED = {"empty", "empty_strided"}
 # Composite ops (one kernel for every device) whose CUDA work is a copy: wrapped at the CUDA key too.
@@ -88,120 +95,21 @@ def settings_from_environment() -> Settings:
                     parse_routing(os.environ.get(ENV_ROUTING, "balanced") or "balanced"))
 
 
-class Registry:
-    """The storages that hold values, by id, each with a weak reference whose callback forgets it."""
-
-    def __init__(self) -> None:
-        self._held: dict[int, weakref.ref] = {}
-
-    def holds(self, t: torch.Tensor) -> bool:
-        try:
-            return id(t.untyped_storage()) in self._held
-        except (RuntimeError, NotImplementedError):  # a tensor without storage
-            return False
-
-    def set(self, t: torch.Tensor, held: bool) -> None:
-        try:
-            s = t.untyped_storage()
-        except (RuntimeError, NotImplementedError):
-            return
-        key = id(s)
-        if held:
-            if key not in self._held:
-                self._held[key] = weakref.ref(s, lambda _r, key=key, held=self._held: held.pop(key, None))
-        else:
-            self._held.pop(key, None)
-
-
-REGISTRY = Registry()
-
-
-def host_alias(t: torch.Tensor) -> torch.Tensor:
-    """A CPU tensor over the same bytes as `t` (on the virtual GPU, device memory is host memory)."""
-    storage = t.untyped_storage()
-    cpu = torch._C._construct_storage_from_data_pointer(storage.data_ptr(), torch.device("cpu"), storage.nbytes())
-    return torch.empty(0, dtype=t.dtype).set_(cpu, t.storage_offset(), t.size(), t.stride())
-
-
-def _tensors(values: Any) -> list[torch.Tensor]:
-    out = []
-    for v in values:
-        if isinstance(v, torch.Tensor):
-            out.append(v)
-        elif isinstance(v, (list, tuple)):
-            out.extend(x for x in v if isinstance(x, torch.Tensor))
-    return out
-
-
-def _on_cuda(values: Any) -> list[torch.Tensor]:
-    return [t for t in _tensors(values) if t.is_cuda]
-
-
-def _to_host(v: Any, generator: torch.Generator | None) -> Any:
-    if isinstance(v, torch.Tensor):
-        return host_alias(v) if v.is_cuda else v
-    if isinstance(v, (list, tuple)):
-        return type(v)(_to_host(x, generator) for x in v)
-    if isinstance(v, torch.device) and v.type == "cuda":
-        return torch.device("cpu")
-    if isinstance(v, torch.Generator):
-        return generator
-    return v
-
-
-def _wrapped(v: Any) -> torch.Tensor:
-    # A number passed where a Tensor is expected arrives here as a Python number (torch unwraps "wrapped
-    # numbers" for Python kernels) and must go back as a tensor; a 0-dim one of the default dtype of its kind
-    # promotes as the wrapped number did.
-    if isinstance(v, bool):
-        return torch.tensor(v)
-    if isinstance(v, int):
-        return torch.tensor(v, dtype=torch.int64)
-    if isinstance(v, complex):
-        return torch.tensor(v, dtype=torch.complex64 if torch.get_default_dtype() == torch.float32
-                            else torch.complex128)
-    return torch.tensor(v, dtype=torch.get_default_dtype())
-
-
 def _rewrap_numbers(op: "_Op", args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     arguments = op.overload._schema.arguments
     if any(isinstance(a, (int, float, complex)) and i < len(arguments) and arguments[i].name in op.tensor_arguments
            for i, a in enumerate(args)):
-        args = tuple(_wrapped(a) if isinstance(a, (int, float, complex)) and i < len(arguments)
+        args = tuple(wrapped_number(a) if isinstance(a, (int, float, complex)) and i < len(arguments)
                      and arguments[i].name in op.tensor_arguments else a for i, a in enumerate(args))
     if any(isinstance(v, (int, float, complex)) and k in op.tensor_arguments for k, v in kwargs.items()):
-        kwargs = {k: _wrapped(v) if isinstance(v, (int, float, complex)) and k in op.tensor_arguments else v
+        kwargs = {k: wrapped_number(v) if isinstance(v, (int, float, complex)) and k in op.tensor_arguments else v
                   for k, v in kwargs.items()}
     return args, kwargs
-
-
-def _covers_storage(t: torch.Tensor) -> bool:
-    return t.is_contiguous() and t.storage_offset() == 0 and t.nbytes == t.untyped_storage().nbytes()
 
 
 def _small(t: torch.Tensor) -> bool:
     limit = COMPUTE_LIMITS["floating" if t.is_floating_point() or t.is_complex() else "integral"]
     return t.nbytes <= limit
-
-
-class _Generators:
-    """A CPU generator per CUDA device, seeded from the device's CUDA generator and seeded again when that is:
-    random values on the virtual GPU are as repeatable as on a card (not the card's Philox stream)."""
-
-    def __init__(self) -> None:
-        self._by_device: dict[int, tuple[int, torch.Generator]] = {}
-
-    def for_device(self, device: int) -> torch.Generator:
-        seed = torch.cuda.default_generators[device].initial_seed()
-        held = self._by_device.get(device)
-        if held is None or held[0] != seed:
-            g = torch.Generator()
-            g.manual_seed(seed)
-            held = self._by_device[device] = (seed, g)
-        return held[1]
-
-
-GENERATORS = _Generators()
 
 
 @dataclass
@@ -213,7 +121,8 @@ class _Op:
     base: str
     heavy: bool
     written: tuple[int, ...]  # positions of the arguments it writes (in place, out=)
-    takes_generator: bool
+    generator: int | None  # the position of its Generator argument, if it has one
+    random: bool  # draws random numbers (torch's nondeterministic_seeded tag)
     tensor_arguments: frozenset[str]  # the names of the arguments typed Tensor (a number there is wrapped)
 
     def name(self) -> str:
@@ -226,6 +135,7 @@ class Values:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.library: Any = None
+        self.value_kernel: Callable[[str, str], None] | None = None
         self.ops: list[_Op] = []
 
     # ---- installing
@@ -236,6 +146,12 @@ class Values:
         if self.settings.mode == "none":
             return 0
         self.library = torch.library.Library("aten", "IMPL")
+        try:
+            from ..common.native import native
+
+            self.value_kernel = native().register_value_kernel
+        except (ImportError, AttributeError, RuntimeError):  # not built: Python kernels at the CUDA key
+            self.value_kernel = None
         names = set(COMPUTED) | set(HEAVY)
         names |= {f"{n}_" for n in names}  # the in-place variants: packets of their own (add_, scatter_)
         # torch's own list of elementwise ops, and the multi-tensor (_foreach) ones, for those not named above
@@ -278,9 +194,15 @@ class Values:
         schema = overload._schema
         written = tuple(i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write)
         op = _Op(overload, torch.library.get_kernel(overload, "CUDA"), base, base in HEAVY, written,
-                 any(a.name == "generator" for a in schema.arguments),
+                 next((i for i, a in enumerate(schema.arguments) if a.name == "generator"), None),
+                 torch.Tag.nondeterministic_seeded in overload.tags,
                  frozenset(a.name for a in schema.arguments if str(a.type) in ("Tensor", "Optional[Tensor]")))
-        self.library.impl(overload, self._kernel(op), "CUDA", with_keyset=True)
+        if self.value_kernel is None:
+            self.library.impl(overload, self._kernel(op), "CUDA", with_keyset=True)
+        else:  # (csrc/recorder/value_kernels.cpp: why the CUDA kernel is a C++ one that redispatches here)
+            self.library.impl(overload, self._kernel(op), VALUE_KEY, with_keyset=True)
+            self.value_kernel(overload._schema.name.split("::", 1)[1], overload._overloadname
+                              if overload._overloadname != "default" else "")
         self.ops.append(op)
 
     # ---- running
@@ -296,17 +218,24 @@ class Values:
         return kernel
 
     def _run(self, op: _Op, keyset: Any, args: tuple, kwargs: dict) -> Any:
-        name = op.name()
-        # what it reads: every CUDA tensor argument, but what an overwriting op writes
-        arguments = op.overload._schema.arguments
-        positional_written = set(op.written)
-        reads = [t for i, a in enumerate(args) if not (i in positional_written and op.base in OVERWRITE)
-                 for t in _on_cuda([a])]
-        written_kw = {arguments[i].name for i in op.written}
-        reads += [t for k, v in kwargs.items() if k not in written_kw for t in _on_cuda([v])]
-        inputs_hold = all(REGISTRY.holds(t) for t in reads)
-        if not inputs_hold and self.settings.mode == "all" and os.environ.get("ALLOCSCOPE_VGPU_VALUES_DEBUG"):
-            _debug(op, RuntimeError(f"inputs without values: {[tuple(t.shape) for t in reads if not REGISTRY.holds(t)]}"))
+        # Errors of torch's kernel are the program's and pass through; this module's own never do: the op then
+        # runs as without it, and what it wrote holds no values.
+        try:
+            arguments = op.overload._schema.arguments
+            # what it reads: every CUDA tensor argument, but what an overwriting op writes
+            reads = [t for i, a in enumerate(args) if not (i in op.written and op.base in OVERWRITE)
+                     for t in on_cuda([a])]
+            written_kw = {arguments[i].name for i in op.written}
+            reads += [t for k, v in kwargs.items() if k not in written_kw for t in on_cuda([v])]
+            inputs_hold = all(REGISTRY.holds(t) for t in reads)
+            written = tensors_in([args[i] for i in op.written if i < len(args)])
+            written += tensors_in([kwargs[arguments[i].name] for i in op.written if arguments[i].name in kwargs])
+        except Exception as e:  # noqa: BLE001
+            _debug(op, e)
+            return self._uncomputed(op, keyset, args, kwargs)
+        if not inputs_hold and self.settings.mode == "all" and _DEBUG:
+            _debug(op, RuntimeError("inputs without values: "
+                                    f"{[tuple(t.shape) for t in reads if not REGISTRY.holds(t)]}"))
 
         if op.base in UNINITIALIZED:
             # What a card's uninitialized memory holds is arbitrary too: a program that writes part of it and
@@ -320,23 +249,34 @@ class Values:
             return False if args[0].dtype == torch.bool else 0  # an uncomputed value reads 0
         if op.base == "_amp_foreach_non_finite_check_and_unscale_":
             return self._unscale(op, keyset, args, kwargs)
-        if op.base in SIZED_BY_VALUES and self.settings.mode != "none":
+        if op.base in SIZED_BY_VALUES and not written:  # (out= variants run as torch's)
             return self._sized_by_values(op, keyset, args, kwargs, inputs_hold)
-        if not inputs_hold and (op.base in SELECTIONS or name in SELECTIONS) and \
+        if not inputs_hold and (op.base in SELECTIONS or op.name() in SELECTIONS) and \
                 self.settings.routing.kind != "computed":
             return self._select(op, keyset, args, kwargs)
 
-        written = _tensors([args[i] for i in op.written if i < len(args)])
-        written += _tensors([kwargs[arguments[i].name] for i in op.written if arguments[i].name in kwargs])
         # An in-place op's own kernel may call others that compute into the same tensor (index_add_ calls
         # index_add.out): the op is then computed from what the tensor held before, not twice.
         before = []
-        if inputs_hold and op.base not in OVERWRITE and (self.settings.mode == "all" or not op.heavy):
-            updated = _on_cuda([args[i] for i in op.written if i < len(args) and not arguments[i].kwarg_only])
-            if all(_small(t) or self.settings.mode == "all" for t in updated):
-                before = [(t, host_alias(t).clone()) for t in updated]
+        try:
+            if inputs_hold and op.base not in OVERWRITE and (self.settings.mode == "all" or not op.heavy):
+                updated = on_cuda([args[i] for i in op.written if i < len(args) and not arguments[i].kwarg_only])
+                if all(_small(t) or self.settings.mode == "all" for t in updated):
+                    before = [(t, host_alias(t).clone()) for t in updated]
+        except Exception as e:  # noqa: BLE001
+            _debug(op, e)
+            inputs_hold = False
         result = op.original.call_boxed(keyset, *args, **kwargs)
-        outputs = written if written else _tensors(result if isinstance(result, (list, tuple)) else [result])
+        try:
+            self._finish(op, args, kwargs, result, written, inputs_hold, before)
+        except Exception as e:  # noqa: BLE001
+            _debug(op, e)
+        return result
+
+    def _finish(self, op: _Op, args: tuple, kwargs: dict, result: Any, written: list, inputs_hold: bool,
+                before: list) -> None:
+        """After torch's kernel ran: computes the op where it is to be, and records what holds values."""
+        outputs = written if written else tensors_in(result if isinstance(result, (list, tuple)) else [result])
         outputs = [t for t in outputs if t.is_cuda]
         compute = inputs_hold and (self.settings.mode == "all" or
                                    (not op.heavy and all(_small(t) for t in outputs)))
@@ -349,13 +289,20 @@ class Values:
         for t in outputs:
             if compute:
                 # a partial write into a storage that held no values leaves it without
-                if written and op.base in OVERWRITE and not REGISTRY.holds(t) and not _covers_storage(t):
+                if written and op.base in OVERWRITE and not REGISTRY.holds(t) and not covers_storage(t):
                     continue
                 REGISTRY.set(t, True)
             else:
                 REGISTRY.set(t, False)
         if not compute and op.base == "copy_" and not args[0].is_cuda:
             args[0].zero_()  # an uncomputed value copied to the host reads 0
+
+    def _uncomputed(self, op: _Op, keyset: Any, args: tuple, kwargs: dict) -> Any:
+        result = op.original.call_boxed(keyset, *args, **kwargs)
+        names = {op.overload._schema.arguments[i].name for i in op.written}
+        written = [args[i] for i in op.written if i < len(args)] + [v for k, v in kwargs.items() if k in names]
+        for t in on_cuda([*written, *(result if isinstance(result, (list, tuple)) else [result])]):
+            REGISTRY.set(t, False)
         return result
 
     def _unscale(self, op: _Op, keyset: Any, args: tuple, kwargs: dict) -> Any:
@@ -391,24 +338,33 @@ class Values:
         if op.base == "copy_" and self._copied_bytes(args):
             return True  # already done by the stand-in's copy
         generator = None
-        if op.takes_generator:
+        if op.random:
             device = next((t.device.index for t in outputs), None)
             generator = GENERATORS.for_device(device if device is not None else torch.cuda.current_device())
         try:
-            host_args = _to_host(args, generator)
-            host_kwargs = {k: _to_host(v, generator) for k, v in kwargs.items()}
-            if generator is not None and "generator" not in host_kwargs and \
-                    not any(isinstance(a, torch.Generator) for a in args):
-                host_kwargs["generator"] = generator
-            results = _tensors(result if isinstance(result, (list, tuple)) else [result])
-            with torch._C._DisableTorchDispatch(), torch.no_grad():
+            host_args = to_host(args, generator)
+            host_kwargs = {k: to_host(v, generator) for k, v in kwargs.items()}
+            if op.generator is not None:  # ours, in its place (none given: the device's default)
+                if op.generator < len(host_args):
+                    host_args = (*host_args[:op.generator], generator, *host_args[op.generator + 1:])
+                else:
+                    host_kwargs["generator"] = generator
+            results = tensors_in(result if isinstance(result, (list, tuple)) else [result])
+            # a random op that takes no generator (native_dropout) draws from the CPU's default one: from a
+            # fork of it seeded from ours, so that the program's own CPU random numbers stay as on a card
+            rng = contextlib.nullcontext()
+            if op.random and op.generator is None:
+                rng = torch.random.fork_rng(devices=[])
+            with rng, torch._C._DisableTorchDispatch(), torch.no_grad():
+                if op.random and op.generator is None:
+                    torch.manual_seed(int(torch.randint(1 << 62, (1,), generator=generator)))
                 substitute = host_ops.substitute(op.name())
                 if substitute is not None:
-                    substitute(op.overload, host_args, host_kwargs, [_to_host(t, None) for t in results])
+                    substitute(op.overload, host_args, host_kwargs, [to_host(t, None) for t in results])
                     return True
                 host_result = op.overload(*host_args, **host_kwargs)
                 if not written:
-                    for out, ref in zip(results, _tensors(host_result if isinstance(host_result, (list, tuple))
+                    for out, ref in zip(results, tensors_in(host_result if isinstance(host_result, (list, tuple))
                                                           else [host_result]), strict=False):
                         if out.is_cuda:
                             host_alias(out).copy_(ref)
@@ -420,24 +376,20 @@ class Values:
     def _sized_by_values(self, op: _Op, keyset: Any, args: tuple, kwargs: dict, inputs_hold: bool) -> Any:
         """nonzero, masked_select, unique: computed on the host and allocated to fit; over uncomputed values,
         as if every element were selected and distinct."""
-        if any(i < len(args) for i in op.written) or any(op.overload._schema.arguments[i].name in kwargs
-                                                         for i in op.written):
-            return op.original.call_boxed(keyset, *args, **kwargs)  # out= variants: as torch's
         try:
-            host_args = list(_to_host(args, None))
+            host_args = list(to_host(args, None))
             if not inputs_hold:
                 if op.base == "masked_select":
                     host_args[1] = torch.ones(host_args[1].shape, dtype=torch.bool)
                 elif op.base == "nonzero":
                     host_args[0] = torch.ones(host_args[0].shape, dtype=torch.bool)
-                else:
-                    host_args[0] = torch.arange(host_args[0].numel()).view(host_args[0].shape).to(
-                        host_args[0].dtype if host_args[0].dtype != torch.bool else torch.int64)
+                elif host_args[0].dtype != torch.bool:
+                    host_args[0] = torch.arange(host_args[0].numel()).view(host_args[0].shape).to(host_args[0].dtype)
             with torch._C._DisableTorchDispatch(), torch.no_grad():
-                host = op.overload(*host_args, **{k: _to_host(v, None) for k, v in kwargs.items()})
+                host = op.overload(*host_args, **{k: to_host(v, None) for k, v in kwargs.items()})
         except Exception:  # noqa: BLE001
             return op.original.call_boxed(keyset, *args, **kwargs)
-        device = _on_cuda(args)[0].device
+        device = on_cuda(args)[0].device
         outs = []
         for ref in (host if isinstance(host, (list, tuple)) else [host]):
             out = torch.empty_strided(ref.shape, ref.stride(), dtype=ref.dtype, device=device)
@@ -494,8 +446,12 @@ def _hide_own_frames(kernel: Callable) -> None:
         hide(function.__code__)
 
 
+# ALLOCSCOPE_VGPU_VALUES_DEBUG=1: say on stderr why an op was not computed (for allocscope's developers)
+_DEBUG = bool(os.environ.get("ALLOCSCOPE_VGPU_VALUES_DEBUG"))
+
+
 def _debug(op: _Op, error: BaseException) -> None:
-    if os.environ.get("ALLOCSCOPE_VGPU_VALUES_DEBUG"):
+    if _DEBUG:
         import sys
 
         print(f"allocscope values: {op.name()} not computed: {type(error).__name__}: {error}", file=sys.stderr)
@@ -504,7 +460,7 @@ def _debug(op: _Op, error: BaseException) -> None:
 _installed: Values | None = None
 
 
-def install(settings: Settings | None = None) -> Values:
+def install_values(settings: Settings | None = None) -> Values:
     """Replaces the chosen ops' CUDA kernels in this process (once), after torch is imported."""
     global _installed
     if _installed is None:
@@ -513,5 +469,5 @@ def install(settings: Settings | None = None) -> Values:
     return _installed
 
 
-def installed() -> Values | None:
+def installed_values() -> Values | None:
     return _installed

@@ -32,7 +32,7 @@ def _arm() -> None:
         return
     vgpu.activate_from_environment()
     autostart.activate()
-    limits.activate_from_environment()
+    limits.watch_from_environment()
 
 
 _run_shadowed_sitecustomize()
