@@ -86,6 +86,24 @@ def test_uncomputed_values_read_zero_and_a_router_over_them_balances():
         == [16000] * 3  # over a vocabulary: its middle, never an end-of-sequence token at either end
 
 
+def _resident() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@virtual_only
+def test_large_fills_cost_host_memory_only_once_read(tmp_path):
+    before = _resident()
+    kept = [torch.zeros(64 << 20, dtype=torch.uint8, device="cuda") for _ in range(8)]  # 512 MiB of zeros
+    assert _resident() - before < 64 << 20  # none written yet
+    stale = torch.empty(1 << 22, dtype=torch.uint8, device="cuda")
+    from allocscope.vgpu.host_tensors import host_alias
+    host_alias(stale).fill_(9)  # what an earlier tensor left in the block
+    stale.zero_()
+    stale[:10] = 3  # a computed op writes part of it: the fill is written first
+    assert stale.sum().item() == 30 and kept[3].sum().item() == 0 and kept[5][-1].item() == 0
+
+
 @virtual_only
 def test_an_allocation_inside_a_computed_op_keeps_the_programs_line(tmp_path):
     import inspect

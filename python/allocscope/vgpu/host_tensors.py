@@ -3,6 +3,7 @@ storages hold values, and the host's random generators that stand for the device
 
 from __future__ import annotations
 
+import functools
 import weakref
 from typing import Any
 
@@ -19,6 +20,8 @@ class Registry:
 
     def __init__(self) -> None:
         self._held: dict[int, weakref.ref] = {}
+        # storages filled by a fill_ or zero_ not yet written (see fill_later): id -> (host view, value)
+        self._fills: dict[int, tuple[torch.Tensor, Any]] = {}
 
     def holds(self, t: torch.Tensor) -> bool:
         try:
@@ -32,11 +35,36 @@ class Registry:
         except (RuntimeError, NotImplementedError):
             return
         key = id(s)
+        self._fills.pop(key, None)
         if held:
             if key not in self._held:
-                self._held[key] = weakref.ref(s, lambda _r, key=key, held=self._held: held.pop(key, None))
+                self._held[key] = weakref.ref(s, functools.partial(_forget, self, key))
         else:
             self._held.pop(key, None)
+
+    def fill_later(self, t: torch.Tensor, value: Any) -> None:
+        """t, which covers its storage, holds `value` everywhere: written when a computed op first reads it
+        (write_fills), not now. A large fill is most often a kernel's scratch or an activation's start, never
+        read on the host: written now, its pages would stay in the host's memory."""
+        self.set(t, True)
+        self._fills[id(t.untyped_storage())] = (host_alias(t), value)
+
+    def write_fills(self, ts: Any) -> None:
+        """Writes the pending fills of these tensors' storages, before a computed op reads them."""
+        if not self._fills:
+            return
+        for t in ts:
+            try:
+                pending = self._fills.pop(id(t.untyped_storage()), None)
+            except (RuntimeError, NotImplementedError):
+                continue
+            if pending is not None:
+                pending[0].fill_(pending[1])
+
+
+def _forget(registry: Registry, key: int, _ref: weakref.ref) -> None:
+    registry._held.pop(key, None)
+    registry._fills.pop(key, None)
 
 
 REGISTRY = Registry()

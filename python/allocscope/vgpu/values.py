@@ -245,6 +245,7 @@ class Values:
             return result
         if op.base == "_local_scalar_dense":
             if inputs_hold:
+                REGISTRY.write_fills(reads)
                 return op.original.call_boxed(keyset, *args, **kwargs)
             return False if args[0].dtype == torch.bool else 0  # an uncomputed value reads 0
         if op.base == "_amp_foreach_non_finite_check_and_unscale_":
@@ -255,6 +256,8 @@ class Values:
                 self.settings.routing.kind != "computed":
             return self._select(op, keyset, args, kwargs)
 
+        if op.base == "copy_" and inputs_hold:
+            REGISTRY.write_fills(reads)  # the stand-in copies bytes: those of a pending fill must be there
         # An in-place op's own kernel may call others that compute into the same tensor (index_add_ calls
         # index_add.out): the op is then computed from what the tensor held before, not twice.
         before = []
@@ -262,27 +265,33 @@ class Values:
             if inputs_hold and op.base not in OVERWRITE and (self.settings.mode == "all" or not op.heavy):
                 updated = on_cuda([args[i] for i in op.written if i < len(args) and not arguments[i].kwarg_only])
                 if all(_small(t) or self.settings.mode == "all" for t in updated):
+                    REGISTRY.write_fills(updated)
                     before = [(t, host_alias(t).clone()) for t in updated]
         except Exception as e:  # noqa: BLE001
             _debug(op, e)
             inputs_hold = False
         result = op.original.call_boxed(keyset, *args, **kwargs)
         try:
-            self._finish(op, args, kwargs, result, written, inputs_hold, before)
+            self._finish(op, args, kwargs, result, written, reads, inputs_hold, before)
         except Exception as e:  # noqa: BLE001
             _debug(op, e)
         return result
 
-    def _finish(self, op: _Op, args: tuple, kwargs: dict, result: Any, written: list, inputs_hold: bool,
-                before: list) -> None:
+    def _finish(self, op: _Op, args: tuple, kwargs: dict, result: Any, written: list, reads: list,
+                inputs_hold: bool, before: list) -> None:
         """After torch's kernel ran: computes the op where it is to be, and records what holds values."""
         outputs = written if written else tensors_in(result if isinstance(result, (list, tuple)) else [result])
         outputs = [t for t in outputs if t.is_cuda]
+        if op.name() in ("fill_.Scalar", "zero_.default") and self.settings.mode != "all" and len(outputs) == 1 \
+                and outputs[0].nbytes > COMPUTE_LIMITS["floating"] and covers_storage(outputs[0]):
+            REGISTRY.fill_later(outputs[0], args[1] if op.base == "fill_" else 0)
+            return
         compute = inputs_hold and (self.settings.mode == "all" or
                                    (not op.heavy and all(_small(t) for t in outputs)))
         if op.base == "copy_" and not compute and inputs_hold:
             compute = self._copied_bytes(args)
-        if compute:
+        if compute:  # (a pending fill written first where the op reads it or writes part of it)
+            REGISTRY.write_fills(reads + [t for t in outputs if not covers_storage(t)])
             for t, held in before:
                 host_alias(t).copy_(held)
             compute = self._compute(op, args, kwargs, result, written, outputs)
@@ -377,6 +386,8 @@ class Values:
         """nonzero, masked_select, unique: computed on the host and allocated to fit; over uncomputed values,
         as if every element were selected and distinct."""
         try:
+            if inputs_hold:
+                REGISTRY.write_fills(on_cuda(args))
             host_args = list(to_host(args, None))
             if not inputs_hold:
                 if op.base == "masked_select":
