@@ -209,8 +209,9 @@ _RECORDER_SOURCES = ["csrc/recorder/" + f for f in ("backward_scopes.cpp", "bind
                                                     "cpu_allocator.cpp", "fingerprints.cpp", "gradients.cpp",
                                                     "module_hooks.cpp", "ops.cpp", "pystack.cpp", "recorder.cpp",
                                                     "saved.cpp", "saved_engine.cpp", "stacks.cpp", "tables.cpp",
-                                                    "value_kernels.cpp", "writer.cpp")]
-_RECORDER_CUDA_SOURCES = ["csrc/recorder/cuda_allocator.cpp", "csrc/recorder/cuda_baseline.cpp"]
+                                                    "writer.cpp")]
+_RECORDER_CUDA_SOURCES = ["csrc/recorder/cuda_allocator.cpp", "csrc/recorder/cuda_baseline.cpp",
+                          "csrc/recorder/value_kernels.cpp"]
 _ANALYSIS_SOURCES = ["csrc/analysis/" + f for f in ("bindings.cpp", "decode.cpp", "model.cpp", "pairs.cpp",
                                                     "recorded.cpp", "replay.cpp", "scopes.cpp", "sizes.cpp")]
 _TESTING_SOURCES = ["csrc/testing/bindings.cpp", "csrc/recorder/pystack.cpp", "csrc/format/columns.cpp"]

@@ -3,6 +3,7 @@
 // (csrc/testing/, built for the tests only).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <torch/csrc/autograd/python_variable.h>
 
 #include "cpu_allocator.h"
 #include "fingerprints.h"
@@ -12,10 +13,10 @@
 #include "backward_scopes.h"
 #include "ops.h"
 #include "pystack.h"
-#include "value_kernels.h"
 #include "saved.h"
 #include "recorder.h"
 #ifdef ALLOCSCOPE_WITH_CUDA
+#include "value_kernels.h"
 #include "cuda_allocator.h"
 #endif
 
@@ -89,7 +90,25 @@ PYBIND11_MODULE(_C, m) {
   m.def("backward_nested_end", &backward_scopes::nested_end);
   m.def("start_ops", [] { return Recorder::get().start_ops(); });
   m.def("walker", [] { return Recorder::get().walker(); });
+#ifdef ALLOCSCOPE_WITH_CUDA  // (the virtual GPU's value kernels: vgpu/values.py)
   m.def("register_value_kernel", &value_kernels::register_cuda_kernel, py::arg("name"), py::arg("overload"));
+  m.def("values_held", [](py::handle t) { return value_kernels::held(THPVariable_Unpack(t.ptr())); });
+  m.def("values_set_held",
+        [](py::handle t, bool held) { value_kernels::set_held(THPVariable_Unpack(t.ptr()), held); });
+  m.def("values_fill_later", [](py::handle t, py::handle value) {
+    const at::Tensor& tensor = THPVariable_Unpack(t.ptr());
+    c10::Scalar scalar = PyBool_Check(value.ptr())    ? c10::Scalar(value.cast<bool>())
+                         : PyLong_Check(value.ptr())  ? c10::Scalar(value.cast<int64_t>())
+                         : PyComplex_Check(value.ptr()) ? c10::Scalar(c10::complex<double>(
+                                                              PyComplex_RealAsDouble(value.ptr()),
+                                                              PyComplex_ImagAsDouble(value.ptr())))
+                                                        : c10::Scalar(value.cast<double>());
+    value_kernels::fill_later(tensor, scalar);
+  });
+  m.def("values_write_fill", [](py::handle t) { value_kernels::write_fill(THPVariable_Unpack(t.ptr())); });
+  m.def("values_storage_span", [](py::handle t) { return value_kernels::storage_span(THPVariable_Unpack(t.ptr())); });
+  m.def("values_track_frees", &value_kernels::track_frees);
+#endif
   m.def(
       "hide_frames_of",
       [](py::object code) {

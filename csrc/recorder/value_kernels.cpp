@@ -16,10 +16,13 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <torch/library.h>
 
 #include <memory>
 #include <mutex>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace allocscope::value_kernels {
@@ -46,7 +49,93 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
   op.redispatchBoxed(c10::DispatchKeySet(kValueKey), stack);
 }
 
+namespace cca = c10::cuda::CUDACachingAllocator;
+using c10::CachingDeviceAllocator::TraceEntry;
+
+struct PendingFill {
+  at::ScalarType dtype;
+  int64_t numel;
+  c10::Scalar value;
+};
+
+std::mutex g_held_mu;  // never held while allocating: the tracker takes it under the allocator's lock
+std::unordered_set<uintptr_t> g_held;
+std::unordered_map<uintptr_t, PendingFill> g_fills;
+bool g_tracking = false;
+
+uintptr_t key(const at::Tensor& t) {
+  return t.has_storage() ? reinterpret_cast<uintptr_t>(t.storage().data()) : 0;
+}
+
+// Runs under the allocator's lock: no Python, no allocation.
+void on_trace(const TraceEntry& te) {
+  if (te.action_ != TraceEntry::FREE_REQUESTED && te.action_ != TraceEntry::FREE_COMPLETED) return;
+  std::lock_guard<std::mutex> lock(g_held_mu);
+  g_held.erase(te.addr_);
+  g_fills.erase(te.addr_);
+}
+
 }  // namespace
+
+bool held(const at::Tensor& t) {
+  uintptr_t k = key(t);
+  if (k == 0) return t.has_storage() && t.storage().nbytes() == 0;  // an empty storage holds all it has
+  std::lock_guard<std::mutex> lock(g_held_mu);
+  return g_held.count(k) != 0;
+}
+
+void set_held(const at::Tensor& t, bool is_held) {
+  uintptr_t k = key(t);
+  if (k == 0) return;
+  std::lock_guard<std::mutex> lock(g_held_mu);
+  g_fills.erase(k);
+  if (is_held) {
+    g_held.insert(k);
+  } else {
+    g_held.erase(k);
+  }
+}
+
+void fill_later(const at::Tensor& t, const c10::Scalar& value) {
+  uintptr_t k = key(t);
+  if (k == 0) return;
+  const int64_t numel = static_cast<int64_t>(t.storage().nbytes() / t.element_size());
+  std::lock_guard<std::mutex> lock(g_held_mu);
+  g_held.insert(k);
+  g_fills[k] = PendingFill{t.scalar_type(), numel, value};
+}
+
+void write_fill(const at::Tensor& t) {
+  uintptr_t k = key(t);
+  if (k == 0) return;
+  PendingFill fill;
+  {
+    std::lock_guard<std::mutex> lock(g_held_mu);
+    auto it = g_fills.find(k);
+    if (it == g_fills.end()) return;
+    fill = it->second;
+    g_fills.erase(it);
+  }
+  // The virtual card's memory is host memory: filled in place, on the CPU.
+  at::from_blob(reinterpret_cast<void*>(k), {fill.numel}, at::TensorOptions().dtype(fill.dtype)).fill_(fill.value);
+}
+
+std::pair<uintptr_t, size_t> storage_span(const at::Tensor& t) {
+  return {key(t), t.has_storage() ? t.storage().nbytes() : 0};
+}
+
+bool track_frees() {
+  if (g_tracking) return true;
+  cca::CUDAAllocator* allocator = cca::allocator.load();
+  if (allocator == nullptr || !allocator->initialized()) return false;
+  try {
+    allocator->attachAllocatorTraceTracker(&on_trace);
+  } catch (const c10::Error&) {
+    return false;
+  }
+  g_tracking = true;
+  return true;
+}
 
 void register_cuda_kernel(const std::string& name, const std::string& overload) {
   auto library = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", std::make_optional(c10::DispatchKey::CUDA),

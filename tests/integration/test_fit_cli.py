@@ -116,6 +116,9 @@ def test_the_text_shows_each_verdict_and_the_post_mortem(a100_and_l4):
     out = render_fit(json.loads(result.stdout))
     assert "A100-40GB  fits" in out and "L4-24GB    out of memory" in out
     assert "Out of memory at event" in out and "requested 30.00 GiB" in out and "short by" in out
+    # what the dry run's numbers assume about values (docs/vgpu.md, "Values")
+    assert "values computed on the virtual GPU: values; MoE routing where a router's logits were not computed: " \
+           "balanced" in out.splitlines()[1]
 
 
 def test_a_command_that_fails_otherwise_is_not_out_of_memory(tmp_path, script):

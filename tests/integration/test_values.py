@@ -76,6 +76,40 @@ def test_a_loss_over_the_labels_mask_allocates_what_the_cpu_run_does(tmp_path):
     assert (4 * 64 * 1000 * 4) in sizes  # the selected logits, sized from the computed mask
 
 
+ACCUMULATING = """
+import json, sys, torch
+x = torch.randn(512, 1024, device="cuda", requires_grad=True)
+w = torch.randn(1024, 1024, device="cuda", requires_grad=True)
+for _ in range(2):
+    h = x @ w                                               # used twice: its gradients accumulate
+    y = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).sum()
+    y.backward()
+print(json.dumps(torch.cuda.memory_stats()["allocation.all.allocated"]))
+"""
+
+
+@virtual_only
+@pytest.mark.parametrize("script", ["train", "accumulating"])
+def test_computing_values_leaves_a_steps_allocations_as_they_were(script, tmp_path):
+    """What does not depend on values allocates the same with values computed as without: the same requests in
+    the same order (a storage the values registry looked at must not change autograd's in-place accumulation)."""
+    if script == "train":
+        command = [os.path.join(ROOT, "examples", "train.py"), "--steps", "2"]
+    else:
+        (tmp_path / "acc.py").write_text(ACCUMULATING)
+        command = [str(tmp_path / "acc.py")]
+    sizes = {}
+    for mode in ("none", "values"):
+        capture = tmp_path / f"{mode}.alsc"
+        p = subprocess.run([sys.executable, "-m", "allocscope", "run", "--gpu", "H100-80GB", "--compute", mode,
+                            "--stacks", "none", "-o", str(capture), "--", sys.executable, *command],
+                           capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr[-3000:]
+        ev = allocscope.load(capture).events
+        sizes[mode] = ev.size[ev.kind == EventKind.ALLOC].tolist()
+    assert sizes["values"] == sizes["none"] and len(sizes["none"]) > 10
+
+
 @virtual_only
 def test_uncomputed_values_read_zero_and_a_router_over_them_balances():
     a = torch.randn(2048, 64, device="cuda") @ torch.randn(64, 8, device="cuda")  # a matmul computes nothing

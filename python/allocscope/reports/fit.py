@@ -98,6 +98,7 @@ def card_result(gpu: str, status: int, cap: Capture | None, *, capture_path: str
         "sites": [{"site": s["site"], "live_bytes": s["live_bytes"]} for s in r["sites"][:top] if s["live_bytes"]],
     }
     out["watched"] = r["capture"]["watched"]
+    out["virtual_gpu_values"] = r["capture"].get("virtual_gpu_values")  # what the numbers assume (docs/vgpu.md)
     # The textbook estimate beside the measured figure, and the waterfall
     # between them (needs a watched model: the estimate counts its tensors).
     out["estimate"] = None if not out["watched"] else {
@@ -181,7 +182,13 @@ def _size(n: int | None) -> str:
 
 
 def render_fit(doc: dict[str, Any], top: int = 5) -> str:
-    lines = [f"allocscope fit: {' '.join(doc['command'])}", ""]
+    lines = [f"allocscope fit: {' '.join(doc['command'])}"]
+    assumed = {(v.get("compute"), v.get("routing")) for c in doc["cards"] if (v := c.get("virtual_gpu_values"))}
+    if len(assumed) == 1 and not any(c.get("routing") for c in doc["cards"]):
+        compute, routing = assumed.pop()
+        lines.append(f"values computed on the virtual GPU: {compute}; MoE routing where a router's logits were not "
+                     f"computed: {routing} (--compute, --routing; docs/vgpu.md, \"Values\")")
+    lines.append("")
     rows = [("GPU", "verdict", "peak allocated", "peak reserved", "headroom", "card")]
     for c in doc["cards"]:
         verdict = c["verdict"] + (f" (exit {c['exit_status']})" if c["verdict"] == "failed" else "")

@@ -3,8 +3,6 @@ storages hold values, and the host's random generators that stand for the device
 
 from __future__ import annotations
 
-import functools
-import weakref
 from typing import Any
 
 import torch
@@ -14,57 +12,48 @@ __all__ = ["GENERATORS", "REGISTRY", "Registry", "covers_storage", "host_alias",
 
 
 class Registry:
-    """The storages that hold values, by id, each with a weak reference whose callback forgets it: torch keeps
-    a storage's Python object for as long as the storage lives (and makes it once asked), so the entry goes
-    exactly when the storage does, and an id reused later names a new storage."""
+    """Which storages hold values, kept by the extension (csrc/recorder/value_kernels.cpp) by data pointer and
+    forgotten at the caching allocator's free of their block. Not by a storage's Python object: once made, it
+    holds a reference to the storage for the storage's whole life, and autograd then accumulates gradients out
+    of place (a tensor is stolen only where nothing else references its storage): an allocation a card does
+    not make."""
 
     def __init__(self) -> None:
-        self._held: dict[int, weakref.ref] = {}
-        # storages filled by a fill_ or zero_ not yet written (see fill_later): id -> (host view, value)
-        self._fills: dict[int, tuple[torch.Tensor, Any]] = {}
+        self._native: Any = None
+
+    def _c(self) -> Any:
+        if self._native is None:
+            from ..common.native import native
+
+            self._native = native()
+        return self._native
 
     def holds(self, t: torch.Tensor) -> bool:
-        try:
-            return id(t.untyped_storage()) in self._held
-        except (RuntimeError, NotImplementedError):  # a tensor without storage
-            return False
+        return self._c().values_held(t)
 
     def set(self, t: torch.Tensor, held: bool) -> None:
-        try:
-            s = t.untyped_storage()
-        except (RuntimeError, NotImplementedError):
-            return
-        key = id(s)
-        self._fills.pop(key, None)
-        if held:
-            if key not in self._held:
-                self._held[key] = weakref.ref(s, functools.partial(_forget, self, key))
-        else:
-            self._held.pop(key, None)
+        self._c().values_set_held(t, held)
 
     def fill_later(self, t: torch.Tensor, value: Any) -> None:
         """t, which covers its storage, holds `value` everywhere: written when a computed op first reads it
         (write_fills), not now. A large fill is most often a kernel's scratch or an activation's start, never
         read on the host: written now, its pages would stay in the host's memory."""
-        self.set(t, True)
-        self._fills[id(t.untyped_storage())] = (host_alias(t), value)
+        self._c().values_fill_later(t, value)
 
     def write_fills(self, ts: Any) -> None:
         """Writes the pending fills of these tensors' storages, before a computed op reads them."""
-        if not self._fills:
-            return
+        write = self._c().values_write_fill
         for t in ts:
-            try:
-                pending = self._fills.pop(id(t.untyped_storage()), None)
-            except (RuntimeError, NotImplementedError):
-                continue
-            if pending is not None:
-                pending[0].fill_(pending[1])
+            write(t)
 
+    def track_frees(self) -> bool:
+        """Forgets storages as the allocator frees their blocks, from now on (CUDA initialized); False where
+        the allocator does not say (cudaMallocAsync)."""
+        return self._c().values_track_frees()
 
-def _forget(registry: Registry, key: int, _ref: weakref.ref) -> None:
-    registry._held.pop(key, None)
-    registry._fills.pop(key, None)
+    def span(self, t: torch.Tensor) -> tuple[int, int]:
+        """(data pointer, bytes) of t's storage."""
+        return self._c().values_storage_span(t)
 
 
 REGISTRY = Registry()
@@ -72,8 +61,8 @@ REGISTRY = Registry()
 
 def host_alias(t: torch.Tensor) -> torch.Tensor:
     """A CPU tensor over the same bytes as `t` (on the virtual GPU, device memory is host memory)."""
-    storage = t.untyped_storage()
-    cpu = torch._C._construct_storage_from_data_pointer(storage.data_ptr(), torch.device("cpu"), storage.nbytes())
+    ptr, nbytes = REGISTRY.span(t)
+    cpu = torch._C._construct_storage_from_data_pointer(ptr, torch.device("cpu"), nbytes)
     return torch.empty(0, dtype=t.dtype).set_(cpu, t.storage_offset(), t.size(), t.stride())
 
 
@@ -118,7 +107,7 @@ def wrapped_number(v: Any) -> torch.Tensor:
 
 
 def covers_storage(t: torch.Tensor) -> bool:
-    return t.is_contiguous() and t.storage_offset() == 0 and t.nbytes == t.untyped_storage().nbytes()
+    return t.is_contiguous() and t.storage_offset() == 0 and t.nbytes == REGISTRY.span(t)[1]
 
 
 class Generators:

@@ -136,6 +136,7 @@ class Values:
         self.settings = settings
         self.library: Any = None
         self.value_kernel: Callable[[str, str], None] | None = None
+        self.tracking = False
         self.ops: list[_Op] = []
 
     # ---- installing
@@ -145,13 +146,16 @@ class Values:
 
         if self.settings.mode == "none":
             return 0
-        self.library = torch.library.Library("aten", "IMPL")
-        try:
-            from ..common.native import native
+        from ..common.native import NativeUnavailableError, native
 
+        try:
             self.value_kernel = native().register_value_kernel
-        except (ImportError, AttributeError, RuntimeError):  # not built: Python kernels at the CUDA key
-            self.value_kernel = None
+        except (NativeUnavailableError, AttributeError) as e:  # (an extension built without CUDA)
+            import sys
+
+            print(f"allocscope: the virtual GPU computes no values here: {e}", file=sys.stderr)
+            return 0
+        self.library = torch.library.Library("aten", "IMPL")
         names = set(COMPUTED) | set(HEAVY)
         names |= {f"{n}_" for n in names}  # the in-place variants: packets of their own (add_, scatter_)
         # torch's own list of elementwise ops, and the multi-tensor (_foreach) ones, for those not named above
@@ -176,7 +180,8 @@ class Values:
                     continue
                 for overload_name in packet.overloads():
                     self._install_one(base, getattr(packet, overload_name))
-        _hide_own_frames(self._kernel(self.ops[0]) if self.ops else self._kernel)
+        if self.ops:
+            _hide_own_frames(self._kernel(self.ops[0]))
         return len(self.ops)
 
     def _install_one(self, base: str, overload: Any) -> None:
@@ -197,12 +202,10 @@ class Values:
                  next((i for i, a in enumerate(schema.arguments) if a.name == "generator"), None),
                  torch.Tag.nondeterministic_seeded in overload.tags,
                  frozenset(a.name for a in schema.arguments if str(a.type) in ("Tensor", "Optional[Tensor]")))
-        if self.value_kernel is None:
-            self.library.impl(overload, self._kernel(op), "CUDA", with_keyset=True)
-        else:  # (csrc/recorder/value_kernels.cpp: why the CUDA kernel is a C++ one that redispatches here)
-            self.library.impl(overload, self._kernel(op), VALUE_KEY, with_keyset=True)
-            self.value_kernel(overload._schema.name.split("::", 1)[1], overload._overloadname
-                              if overload._overloadname != "default" else "")
+        # (csrc/recorder/value_kernels.cpp: why the CUDA kernel is a C++ one that redispatches here)
+        self.library.impl(overload, self._kernel(op), VALUE_KEY, with_keyset=True)
+        self.value_kernel(overload._schema.name.split("::", 1)[1],
+                          overload._overloadname if overload._overloadname != "default" else "")
         self.ops.append(op)
 
     # ---- running
@@ -218,6 +221,8 @@ class Values:
         return kernel
 
     def _run(self, op: _Op, keyset: Any, args: tuple, kwargs: dict) -> Any:
+        if not self.tracking:  # (CUDA is initialized by the time a CUDA kernel runs)
+            self.tracking = REGISTRY.track_frees()
         # Errors of torch's kernel are the program's and pass through; this module's own never do: the op then
         # runs as without it, and what it wrote holds no values.
         try:
@@ -447,14 +452,10 @@ def _hide_own_frames(kernel: Callable) -> None:
     """An allocation made inside these kernels is the op's that the program called: the recorder leaves the
     frames in which one can happen (those that call torch's CUDA kernel or allocate) out of its stacks, so that
     a stack's innermost frame stays the program's line."""
-    from ..common.native import NativeUnavailableError, native
+    from ..common.native import native
 
-    try:
-        hide = native().hide_frames_of
-    except NativeUnavailableError:
-        return
     for function in (kernel, Values._run, Values._sized_by_values, Values._select, Values._unscale):
-        hide(function.__code__)
+        native().hide_frames_of(function.__code__)
 
 
 # ALLOCSCOPE_VGPU_VALUES_DEBUG=1: say on stderr why an op was not computed (for allocscope's developers)
