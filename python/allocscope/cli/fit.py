@@ -12,10 +12,10 @@ HELP = "run a command on virtual GPUs of several models: does it fit on each, an
 DESCRIPTION = """\
 Run a command once per --gpu on a virtual GPU of that model (torch's real CUDA
 caching allocator on a stand-in card: memory behaves as on the card, kernels
-compute nothing but the cheap ops that steer shapes; docs/vgpu.md), recording it, and say for each card whether
-it fits: the peaks of allocated and reserved memory, the headroom (the card's
-memory less the reserved peak and what the CUDA context and libraries use),
-what filled memory at the peak (categories and modules: the script's models
+compute nothing but the cheap ops that steer shapes; docs/vgpu.md), recording
+it, and say for each card whether it fits: the peaks of allocated and reserved
+memory, the headroom (the card's memory less the reserved peak and what the
+CUDA context and libraries use), what filled memory at the peak (categories and modules: the script's models
 and optimizers are watched for it; source lines always) and, where it ran
 out, the post-mortem. A command that fails for another reason is reported as
 such, not as out of memory. The captures are kept in --output-dir (one per

@@ -2,7 +2,8 @@
 in the device memory itself (docs/vgpu.md, "Values").
 
 The virtual card's memory is host memory, so a CUDA tensor's bytes can be read and written through a CPU tensor
-over the same address (an alias). Each chosen op's CUDA kernel is replaced by one that first runs torch's own
+over the same address (an alias). Each chosen op's CUDA kernel is replaced (through a C++ kernel at the CUDA key
+that redispatches to these Python ones: csrc/recorder/value_kernels.cpp) by one that first runs torch's own
 CUDA kernel (so that the caching allocator sees exactly the allocations it makes on a card) and then, where the
 op is to be computed, runs the op's CPU kernel over aliases of its arguments and writes the result into the
 CUDA output.
@@ -11,8 +12,8 @@ Which tensors hold values is tracked per storage: a storage holds values when a 
 of values wrote all of it; every other write (a matmul that computed nothing, a Triton kernel, an op over
 uncomputed inputs) leaves it uncomputed. An op is computed when every tensor it reads holds values and, in the
 default mode, when what it writes is small (COMPUTE_LIMITS): so an activation is never computed, and a dry
-run's host memory stays where it was. The weak references that the registry keeps to storages go with them
-(torch keeps a storage's Python object for as long as the storage lives).
+run's host memory stays where it was. The registry of storages that hold values is the extension's
+(host_tensors.Registry): keyed by data pointer, forgotten when the caching allocator frees the block.
 
 What uncomputed values give where a program looks at them: .item() and copies to the host read 0; a top-k,
 argmax or multinomial draw picks by the routing choice (routing.py); nonzero and masked_select select every
