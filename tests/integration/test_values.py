@@ -163,8 +163,12 @@ def _run(args, *, gpu=True, values=(), record=None, cwd=None):
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+# (the second family costs make test half a minute a torch: make test-full runs it)
+FAMILIES = ["mixtral", pytest.param("qwen2_moe", marks=pytest.mark.heavy)]
+
+
 @virtual_only
-@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_moe_routing_computed_exactly_is_the_cpu_runs(family):
     pytest.importorskip("transformers")
     args = [MOE, *SMALL_MOE, "--family", family]
@@ -178,7 +182,7 @@ def test_moe_routing_computed_exactly_is_the_cpu_runs(family):
 
 
 @virtual_only
-@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_balanced_routing_runs_every_expert_with_its_share(family, tmp_path):
     pytest.importorskip("transformers")
     out = _run([EXPERTS_RUN, *SMALL_MOE, "--family", family])
