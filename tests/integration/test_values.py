@@ -114,6 +114,7 @@ def test_computing_values_leaves_a_steps_allocations_as_they_were(script, tmp_pa
 def test_uncomputed_values_read_zero_and_a_router_over_them_balances():
     a = torch.randn(2048, 64, device="cuda") @ torch.randn(64, 8, device="cuda")  # a matmul computes nothing
     assert a.sum().item() == 0.0 and a.cpu().abs().sum().item() == 0.0
+    assert isinstance(a.max().item(), float) and a.long().sum().item() == 0 and a.bool().any().item() is False
     picks = torch.topk(torch.softmax(a, dim=-1), 2, dim=-1).indices
     assert torch.bincount(picks.view(-1).cpu(), minlength=8).tolist() == [512] * 8
     assert torch.argmax(torch.randn(3, 64, device="cuda") @ torch.randn(64, 32000, device="cuda"), -1).tolist() \

@@ -108,6 +108,14 @@ def _rewrap_numbers(op: "_Op", args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     return args, kwargs
 
 
+def _zero_of(dtype: torch.dtype) -> bool | int | float | complex:
+    if dtype == torch.bool:
+        return False
+    if dtype.is_complex:
+        return 0j
+    return 0.0 if dtype.is_floating_point else 0
+
+
 def _small(t: torch.Tensor) -> bool:
     limit = COMPUTE_LIMITS["floating" if t.is_floating_point() or t.is_complex() else "integral"]
     return t.nbytes <= limit
@@ -253,7 +261,7 @@ class Values:
             if inputs_hold:
                 REGISTRY.write_fills(reads)
                 return op.original.call_boxed(keyset, *args, **kwargs)
-            return False if args[0].dtype == torch.bool else 0  # an uncomputed value reads 0
+            return _zero_of(args[0].dtype)  # an uncomputed value reads 0
         if op.base == "_amp_foreach_non_finite_check_and_unscale_":
             return self._unscale(op, keyset, args, kwargs)
         if op.base in SIZED_BY_VALUES and not written:  # (out= variants run as torch's)
