@@ -255,3 +255,24 @@ def test_fit_gives_balanced_and_worst_routing_side_by_side(tmp_path):
         largest[routing] = int(cap.events.size[cap.events.kind == EventKind.ALLOC].max())
     # an expert's gate and up projections for its tokens: all 4,096 of them under the worst routing
     assert largest["worst"] == 4096 * 2 * 2048 * 4 > largest["balanced"]
+
+
+COMPILED = """
+import json, torch
+model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)).cuda()
+step = torch.compile(model)
+x = torch.randn(32, 64, device="cuda")
+for _ in range(2):
+    logits = step(x)                                   # Inductor's Triton kernels compute nothing
+    picks = torch.topk(torch.softmax(logits, -1), 2, -1).indices
+    logits.sum().backward()
+print(json.dumps(torch.bincount(picks.view(-1).cpu(), minlength=8).tolist()))
+"""
+
+
+@virtual_only
+@pytest.mark.heavy
+def test_a_compiled_models_uncomputed_outputs_route_by_the_choice(tmp_path):
+    (tmp_path / "compiled.py").write_text(COMPILED)
+    assert _run([str(tmp_path / "compiled.py")]) == [8] * 8
+    assert _run([str(tmp_path / "compiled.py")], values=["--routing", "worst"]) == [32, 32, 0, 0, 0, 0, 0, 0]
