@@ -40,6 +40,19 @@ def test_the_probes_give_a_cards_values():
         == (5,)
 
 
+@virtual_only
+def test_random_numbers_on_the_device_leave_the_programs_cpu_stream_as_it_was():
+    torch.manual_seed(3)
+    state = torch.get_rng_state()
+    masked = torch.nn.functional.dropout(torch.ones(1000, device="cuda"), 0.5)  # native_dropout: no generator
+    drawn = torch.rand(100, device="cuda")
+    assert torch.equal(torch.get_rng_state(), state)
+    assert 0 < int((masked == 0).sum().item()) < 1000 and 0.0 < drawn.min().item() < drawn.max().item() < 1.0
+    torch.manual_seed(3)
+    torch.nn.functional.dropout(torch.ones(1000, device="cuda"), 0.5)
+    assert torch.equal(torch.rand(100, device="cuda").cpu(), drawn.cpu())  # as repeatable as on a card
+
+
 def _scaler_scale(device: str, steps: int) -> float:
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 8).to(device)

@@ -111,20 +111,20 @@ def covers_storage(t: torch.Tensor) -> bool:
 
 
 class Generators:
-    """A CPU generator per CUDA device, seeded from the device's CUDA generator and seeded again when that is:
-    random values on the virtual GPU are as repeatable as on a card (not the card's Philox stream)."""
+    """A CPU generator per CUDA device, seeded for each random op from the device's CUDA generator: its seed and
+    its Philox offset, which torch's own CUDA kernel advanced as on a card. So random values on the virtual GPU
+    are as repeatable as on a card, and manual_seed starts them over (they are not the card's Philox stream)."""
 
     def __init__(self) -> None:
-        self._by_device: dict[int, tuple[int, torch.Generator]] = {}
+        self._by_device: dict[int, torch.Generator] = {}
 
     def for_device(self, device: int) -> torch.Generator:
-        seed = torch.cuda.default_generators[device].initial_seed()
-        held = self._by_device.get(device)
-        if held is None or held[0] != seed:
-            g = torch.Generator()
-            g.manual_seed(seed)
-            held = self._by_device[device] = (seed, g)
-        return held[1]
+        cuda = torch.cuda.default_generators[device]
+        g = self._by_device.get(device)
+        if g is None:
+            g = self._by_device[device] = torch.Generator()
+        g.manual_seed(hash((cuda.initial_seed(), cuda.get_offset())) & ((1 << 63) - 1))
+        return g
 
 
 GENERATORS = Generators()

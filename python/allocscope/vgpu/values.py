@@ -97,15 +97,16 @@ def settings_from_environment() -> Settings:
 
 
 def _rewrap_numbers(op: "_Op", args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    arguments = op.overload._schema.arguments
-    if any(isinstance(a, (int, float, complex)) and i < len(arguments) and arguments[i].name in op.tensor_arguments
-           for i, a in enumerate(args)):
-        args = tuple(wrapped_number(a) if isinstance(a, (int, float, complex)) and i < len(arguments)
-                     and arguments[i].name in op.tensor_arguments else a for i, a in enumerate(args))
-    if any(isinstance(v, (int, float, complex)) and k in op.tensor_arguments for k, v in kwargs.items()):
-        kwargs = {k: wrapped_number(v) if isinstance(v, (int, float, complex)) and k in op.tensor_arguments else v
+    if any(i in op.tensor_positions and isinstance(a, (int, float, complex)) for i, a in enumerate(args)):
+        args = tuple(wrapped_number(a) if i in op.tensor_positions and isinstance(a, (int, float, complex)) else a
+                     for i, a in enumerate(args))
+    if any(k in op.tensor_arguments and isinstance(v, (int, float, complex)) for k, v in kwargs.items()):
+        kwargs = {k: wrapped_number(v) if k in op.tensor_arguments and isinstance(v, (int, float, complex)) else v
                   for k, v in kwargs.items()}
     return args, kwargs
+
+
+_TENSOR_TYPES = ("Tensor", "Optional[Tensor]")
 
 
 def _zero_of(dtype: torch.dtype) -> bool | int | float | complex:
@@ -133,6 +134,8 @@ class _Op:
     generator: int | None  # the position of its Generator argument, if it has one
     random: bool  # draws random numbers (torch's nondeterministic_seeded tag)
     tensor_arguments: frozenset[str]  # the names of the arguments typed Tensor (a number there is wrapped)
+    tensor_positions: frozenset[int]  # and their positions
+    arguments: tuple  # the schema's arguments (read once: every call looks at them)
 
     def name(self) -> str:
         return f"{self.base}.{self.overload._overloadname}"
@@ -210,7 +213,9 @@ class Values:
         op = _Op(overload, torch.library.get_kernel(overload, "CUDA"), base, base in HEAVY, written,
                  next((i for i, a in enumerate(schema.arguments) if a.name == "generator"), None),
                  torch.Tag.nondeterministic_seeded in overload.tags,
-                 frozenset(a.name for a in schema.arguments if str(a.type) in ("Tensor", "Optional[Tensor]")))
+                 frozenset(a.name for a in schema.arguments if str(a.type) in _TENSOR_TYPES),
+                 frozenset(i for i, a in enumerate(schema.arguments) if str(a.type) in _TENSOR_TYPES),
+                 tuple(schema.arguments))
         # (csrc/recorder/value_kernels.cpp: why the CUDA kernel is a C++ one that redispatches here)
         self.library.impl(overload, self._kernel(op), VALUE_KEY, with_keyset=True)
         self.value_kernel(overload._schema.name.split("::", 1)[1],
@@ -235,7 +240,7 @@ class Values:
         # Errors of torch's kernel are the program's and pass through; this module's own never do: the op then
         # runs as without it, and what it wrote holds no values.
         try:
-            arguments = op.overload._schema.arguments
+            arguments = op.arguments
             # what it reads: every CUDA tensor argument, but what an overwriting op writes
             reads = [t for i, a in enumerate(args) if not (i in op.written and op.base in OVERWRITE)
                      for t in on_cuda([a])]
@@ -322,7 +327,7 @@ class Values:
 
     def _uncomputed(self, op: _Op, keyset: Any, args: tuple, kwargs: dict) -> Any:
         result = op.original.call_boxed(keyset, *args, **kwargs)
-        names = {op.overload._schema.arguments[i].name for i in op.written}
+        names = {op.arguments[i].name for i in op.written}
         written = [args[i] for i in op.written if i < len(args)] + [v for k, v in kwargs.items() if k in names]
         for t in on_cuda([*written, *(result if isinstance(result, (list, tuple)) else [result])]):
             REGISTRY.set(t, False)
@@ -427,7 +432,7 @@ class Values:
         """topk, argmax, max.dim, multinomial over uncomputed values: the routing choice picks."""
         result = op.original.call_boxed(keyset, *args, **kwargs)
         source = args[0]
-        arguments = op.overload._schema.arguments
+        arguments = op.arguments
         bound = {a.name: (args[i] if i < len(args) else kwargs.get(a.name, a.default_value))
                  for i, a in enumerate(arguments)}
         if op.base == "topk":
