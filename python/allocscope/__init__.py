@@ -21,13 +21,32 @@ Importing allocscope does nothing else: torch and the native core load on
 first use, and reading captures needs neither.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from . import vgpu
 from ._version import __version__
 from .capture import (Capture, CaptureError, CorruptCaptureError, EventKind, Events, Frame, NotACaptureError,
                       TruncatedCaptureWarning, UnsupportedVersionError, load)
 from .common.errors import InputError
-from .harness.fit import fit
 from .recording import AllocscopeError, Recording, Watch, mark, record, watch
+
+if TYPE_CHECKING:
+    from .harness.fit import fit
+
+# Names served from the harness on first use: it runs programs and builds
+# reports, which a recording script or a capture reader never needs.
+_LAZY = {"fit": "allocscope.harness.fit"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value  # once
+        return value
+    raise AttributeError(f"module 'allocscope' has no attribute {name!r}")
+
 
 def load_ipython_extension(ipython: object) -> None:
     """`%load_ext allocscope` in IPython or Jupyter: the %%allocscope cell

@@ -34,7 +34,7 @@ GROUPS = {
     # The framework callbacks: entry points into a run the framework drives.
     "allocscope.integrations": "entry",
     # Imported by a child's interpreter at start-up (as `sitecustomize`), not by allocscope.
-    "allocscope.common.bootstrap.sitecustomize": "entry",
+    "allocscope.bootstrap": "entry",
 }
 _ANALYSIS = ["foundation", "capture", "allocator", "attribution", "reports", "interop"]
 # What each group may import (itself included). The analysis side is a stack;
@@ -49,11 +49,6 @@ ALLOWED["harness"] = set(_ANALYSIS) | {"vgpu", "recording", "harness"}
 ALLOWED["entry"] = set(ALLOWED) | {"entry"}
 # The only modules outside a folder: the package's face and its version.
 TOP_LEVEL = {"allocscope", "allocscope.__main__", "allocscope._version"}
-# Mixins annotate `self` with the class they are mixed into, which imports
-# them: a cycle for the type checker only, and the one kind allowed.
-TYPE_ONLY_CYCLES = {("allocscope.allocator.expandable", "allocscope.allocator.model"),
-                    ("allocscope.allocator.private_pools", "allocscope.allocator.model"),
-                    ("allocscope.allocator.recorded_choices", "allocscope.allocator.model")}
 
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 100
@@ -127,7 +122,7 @@ def test_no_loose_modules():
     loose = sorted(m for m in MODULES if m.count(".") == 1 and m not in TOP_LEVEL and m + ".__init__" not in MODULES
                    and not (PKG / m.split(".")[1] / "__init__.py").exists())
     assert not loose, loose
-    assert all(g.count(".") <= 1 or g.endswith("sitecustomize") for g in GROUPS), "groups name folders"
+    assert all(g.count(".") <= 1 for g in GROUPS), "groups name folders"
 
 
 def test_each_layer_imports_only_the_layers_below_it():
@@ -161,10 +156,9 @@ def _graph(typing: bool) -> dict[str, set[str]]:
 
 def test_no_import_cycles():
     """Annotation-only imports count too: they are cycles to a reader and to a
-    type checker. The one exception is a mixin's annotation of `self`."""
-    runtime = _graph(False)
-    graph = {m: sorted(t for t in targets if (m, t) not in TYPE_ONLY_CYCLES or t in runtime[m])
-             for m, targets in _graph(True).items()}
+    type checker (the allocator's mixins annotate `self` with a Protocol,
+    allocator/core.py, not with the class that imports them)."""
+    graph = {m: sorted(targets) for m, targets in _graph(True).items()}
     assert "allocscope.allocator.expandable" in graph["allocscope.allocator.model"]  # the walk sees imports
     state: dict[str, int] = {}  # 1: on the path, 2: done
     cycles = []
@@ -240,7 +234,7 @@ def test_public_modules_have_a_docstring_and_an_accurate_all():
         if not ast.get_docstring(tree):
             missing.append(f"{module}: no docstring")
         public = not any(part.startswith("_") for part in module.split(".")) and "cli" not in module.split(".")
-        if public and module not in ("allocscope.harness.pytest_plugin", "allocscope.common.bootstrap.sitecustomize"):
+        if public and module not in ("allocscope.harness.pytest_plugin", "allocscope.bootstrap.sitecustomize"):
             exported = next((n for n in tree.body if isinstance(n, ast.Assign)
                              and any(isinstance(t, ast.Name) and t.id == "__all__" for t in n.targets)
                              or isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
@@ -248,11 +242,60 @@ def test_public_modules_have_a_docstring_and_an_accurate_all():
             if exported is None:
                 missing.append(f"{module}: no __all__")
                 continue
-            defined = _top_level_names(tree) | {a.asname or a.name for n in tree.body
-                                                if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
+            defined = _top_level_names(tree) | {a.asname or a.name for n in _imports_for_names(tree) for a in n.names}
             missing += [f"{module}: __all__ names {name!r}, which it does not define"
                         for name in ast.literal_eval(exported.value) if name not in defined]
     assert not missing, "\n".join(missing)
+
+
+def _imports_for_names(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
+    """A module's top-level imports, with those under `if TYPE_CHECKING:` (a
+    name the module serves lazily, through its __getattr__, is imported there
+    for the type checker)."""
+    body = [*tree.body, *(n for node in tree.body if isinstance(node, ast.If) and isinstance(node.test, ast.Name)
+                          and node.test.id == "TYPE_CHECKING" for n in node.body)]
+    return [n for n in body if isinstance(n, (ast.Import, ast.ImportFrom))]
+
+
+def test_the_package_serves_the_harness_lazily():
+    """`import allocscope` (a training script's first line) loads neither the
+    harness nor the reports: `fit` and the notebook magic come on first use."""
+    import subprocess
+    import sys
+
+    code = ("import sys, allocscope; loaded = sorted(m for m in sys.modules if m.startswith(('allocscope.harness', "
+            "'allocscope.reports', 'allocscope.attribution'))); assert not loaded, loaded; "
+            "from allocscope import fit; assert fit.__module__ == 'allocscope.harness.fit'")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_allocator_provides_what_its_mixins_use():
+    """The mixins' Protocol (allocator/core.py) lists only what
+    DeviceAllocator has, with the same parameters."""
+    import inspect
+
+    from allocscope.allocator.config import AllocatorConfig
+    from allocscope.allocator.core import AllocatorCore
+    from allocscope.allocator.model import DeviceAllocator
+
+    allocator = DeviceAllocator(AllocatorConfig())
+    for name in AllocatorCore.__annotations__:
+        assert hasattr(allocator, name), name
+    methods = {n: v.__func__ if isinstance(v, staticmethod) else v for n, v in vars(AllocatorCore).items()
+               if not n.startswith("__") and (inspect.isfunction(v) or isinstance(v, staticmethod))}
+    assert len(methods) > 10
+    for name, method in methods.items():
+        want = inspect.signature(method)
+        got = inspect.signature(getattr(DeviceAllocator, name))
+        assert list(want.parameters) == list(got.parameters), name
+
+
+def test_the_bootstrap_folder_is_where_children_look():
+    from allocscope.common.startup import BOOTSTRAP_DIR
+
+    assert pathlib.Path(BOOTSTRAP_DIR, "sitecustomize.py").is_file()
+    assert pathlib.Path(BOOTSTRAP_DIR) == PKG / "bootstrap"
 
 
 def test_sources_point_only_inside_the_repository():

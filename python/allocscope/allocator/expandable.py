@@ -9,13 +9,9 @@ allocator touches it only through _alloc_expandable and _unmap_block.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from .blocks import SEGMENT_MAP, SEGMENT_UNMAP, Block, Pool
+from .core import AllocatorCore
 from .sizes import SMALL_BUFFER
-
-if TYPE_CHECKING:
-    from .model import DeviceAllocator
 
 __all__ = ["ExpandableSegments"]
 
@@ -23,7 +19,7 @@ __all__ = ["ExpandableSegments"]
 class ExpandableSegments:
     """Mapping and unmapping the pages of expandable segments."""
 
-    def _alloc_expandable(self: DeviceAllocator, pool: Pool, stream: int, size: int) -> Block | None:
+    def _alloc_expandable(self: AllocatorCore, pool: Pool, stream: int, size: int) -> Block | None:
         c = self._find_expandable_block(pool, stream, size)
         if not c.mapped and not self._map_block(c, min(c.size, size)):
             return None
@@ -40,7 +36,7 @@ class ExpandableSegments:
     def _allocatable(b: Block | None) -> bool:
         return b is not None and not b.allocated and not b.pending
 
-    def _find_expandable_block(self: DeviceAllocator, pool: Pool, stream: int, size: int) -> Block:
+    def _find_expandable_block(self: AllocatorCore, pool: Pool, stream: int, size: int) -> Block:
         def room(b: Block | None) -> bool:
             total = 0
             while total < size and self._allocatable(b):
@@ -65,7 +61,7 @@ class ExpandableSegments:
         self.insert_unmapped(c)
         return c
 
-    def _map_block(self: DeviceAllocator, block: Block, size: int) -> bool:
+    def _map_block(self: AllocatorCore, block: Block, size: int) -> bool:
         seg = block.seg
         page = seg.page
         begin = (block.addr - seg.addr) // page
@@ -96,7 +92,7 @@ class ExpandableSegments:
         self._emit(SEGMENT_MAP, start, mapped, block.stream)
         return True
 
-    def _unmap_block(self: DeviceAllocator, block: Block) -> None:
+    def _unmap_block(self: AllocatorCore, block: Block) -> None:
         seg = block.seg
         page = seg.page
         begin = -(-(block.addr - seg.addr) // page)

@@ -10,12 +10,8 @@ A mixin of DeviceAllocator (model.py), like expandable.py.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from .blocks import PoolId, PrivatePool
-
-if TYPE_CHECKING:
-    from .model import DeviceAllocator
+from .core import AllocatorCore
 
 __all__ = ["PrivatePools"]
 
@@ -23,14 +19,14 @@ __all__ = ["PrivatePools"]
 class PrivatePools:
     """Making, using and releasing private pools."""
 
-    def private_pool(self: DeviceAllocator, pool_id: PoolId) -> PrivatePool:
+    def private_pool(self: AllocatorCore, pool_id: PoolId) -> PrivatePool:
         """The private pool of that id (made, with one user, if it is new)."""
         owner = self.private.get(pool_id)
         if owner is None:
             owner = self.private[pool_id] = PrivatePool(pool_id)
         return owner
 
-    def begin_pool(self: DeviceAllocator, pool_id: PoolId, capture: bool = True) -> None:
+    def begin_pool(self: AllocatorCore, pool_id: PoolId, capture: bool = True) -> None:
         """A capture (or a MemPool, capture=False) starts using a pool."""
         owner = self.private.get(pool_id)
         if owner is None:
@@ -40,11 +36,11 @@ class PrivatePools:
         if capture:
             self.captures.append(pool_id)
 
-    def end_pool(self: DeviceAllocator, pool_id: PoolId) -> None:
+    def end_pool(self: AllocatorCore, pool_id: PoolId) -> None:
         if pool_id in self.captures:
             self.captures.remove(pool_id)
 
-    def release_pool(self: DeviceAllocator, pool_id: PoolId) -> None:
+    def release_pool(self: AllocatorCore, pool_id: PoolId) -> None:
         """A graph (or MemPool) that used the pool is gone; with its last user
         gone, release_cached_blocks frees the pool's unsplit blocks."""
         owner = self.private.get(pool_id)
@@ -54,7 +50,7 @@ class PrivatePools:
         if owner.use_count <= 0:
             self.freeable[pool_id] = owner
 
-    def _release_freeable_pools(self: DeviceAllocator) -> None:
+    def _release_freeable_pools(self: AllocatorCore) -> None:
         """release_cached_blocks' last step: the unsplit blocks of every pool
         no capture uses, in the order of c10's hash map of them."""
         if self.recorded_frees is not None and len(self.freeable) > 1:
@@ -66,7 +62,7 @@ class PrivatePools:
                 del self.private[pool_id]
                 self.freeable.erase_current()
 
-    def _follow_recorded_pool_order(self: DeviceAllocator) -> None:
+    def _follow_recorded_pool_order(self: AllocatorCore) -> None:
         """c10's map of freeable pools grows and never shrinks: its size, and
         so its order, depends on how many pools were ever freeable at once,
         before the recording too. When several pools are about to release

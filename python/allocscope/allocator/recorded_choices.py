@@ -7,12 +7,9 @@ puts its blocks (setCheckpointPoolState)."""
 from __future__ import annotations
 
 import bisect
-from typing import TYPE_CHECKING
 
 from .blocks import ADDR_MASK, Block, Segment
-
-if TYPE_CHECKING:
-    from .model import DeviceAllocator
+from .core import AllocatorCore
 
 __all__ = ["RecordedChoices"]
 
@@ -20,7 +17,7 @@ __all__ = ["RecordedChoices"]
 class RecordedChoices:
     """Allocations made as recorded."""
 
-    def malloc_as_recorded(self: DeviceAllocator, size: int, stream: int, pool_id: tuple[int, int] | None,
+    def malloc_as_recorded(self: AllocatorCore, size: int, stream: int, pool_id: tuple[int, int] | None,
                            addr: int, placed: bool, faithful: bool) -> Block:
         """An allocation the recording made, so never failed (force): a
         checkpoint restore's block where it was placed, else malloc, the
@@ -36,7 +33,7 @@ class RecordedChoices:
         assert b is not None
         return b
 
-    def place(self: DeviceAllocator, addr: int, size: int) -> Block | None:
+    def place(self: AllocatorCore, addr: int, size: int) -> Block | None:
         """setCheckpointPoolState putting back a checkpointed block
         (setSegmentStateToCheckpoint): the free block at addr, split where it
         is larger than size, whatever the best fit and the split rules would
@@ -48,7 +45,7 @@ class RecordedChoices:
         self._remove_free(block)
         return self._alloc_found_block(block, size, size, block.stream, block.size > size)
 
-    def _learn_order(self: DeviceAllocator, lst: list[int], i: int, b: Block, size: int) -> tuple[int, Block]:
+    def _learn_order(self: AllocatorCore, lst: list[int], i: int, b: Block, size: int) -> tuple[int, Block]:
         """Where the best fit ties with the block the recording took (same
         size, later in the free list only by segment order) and both
         segments came from the baseline, whose order was a guess: the
@@ -69,7 +66,7 @@ class RecordedChoices:
                 break
         return i, b
 
-    def _swap_order(self: DeviceAllocator, s1: Segment, s2: Segment) -> None:
+    def _swap_order(self: AllocatorCore, s1: Segment, s2: Segment) -> None:
         listed = [blk for blk in self.blocks.values()
                   if blk.seg is s1 or blk.seg is s2
                   if not blk.allocated and not blk.pending and blk.mapped]

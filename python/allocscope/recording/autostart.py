@@ -1,6 +1,6 @@
 """Recording in processes started by `allocscope run`.
 
-`allocscope run` puts common/bootstrap/ first on PYTHONPATH (child_environment), so every Python process
+`allocscope run` puts bootstrap/ first on PYTHONPATH (child_environment), so every Python process
 of the command imports its sitecustomize, which calls activate(). That
 installs an import hook: when the process imports torch, recording starts
 (CPU), or is set to start when CUDA initializes (CUDA), so that CUDA is never
@@ -17,7 +17,7 @@ import os
 import sys
 from typing import Any, Mapping
 
-from ..common.bootstrap import with_bootstrap
+from ..common.startup import with_bootstrap
 from ..common.torch_hook import after_torch_import
 from .exits import at_process_exit
 

@@ -208,7 +208,7 @@ def environment(gpu: str, *, memory: int | str | None = None, context: int | str
 
         subprocess.run([sys.executable, "train.py"], env=allocscope.vgpu.environment("A100-40GB"))
     """
-    from ..common.bootstrap import with_bootstrap
+    from ..common.startup import with_bootstrap
 
     env = {k: v for k, v in (os.environ if base is None else base).items()
            if k not in (ENV_GPU, ENV_MEMORY, ENV_CONTEXT, ENV_EVENT_POLLS, ENV_SHARED, ENV_EXCHANGE)}
@@ -266,7 +266,7 @@ def activate(gpu: str, *, memory: int | str | None = None, context: int | str | 
         _core()  # raises with the reason
     # The stand-ins read their settings from the environment; the Python
     # processes this one starts inherit them, and the bootstrap.
-    from ..common.bootstrap import with_bootstrap
+    from ..common.startup import with_bootstrap
 
     for name in (ENV_GPU, ENV_MEMORY, ENV_CONTEXT, ENV_EVENT_POLLS, ENV_COMPUTE, ENV_ROUTING):
         os.environ.pop(name, None)
@@ -275,7 +275,7 @@ def activate(gpu: str, *, memory: int | str | None = None, context: int | str | 
     # and on sys.path: some launchers give their children this process's
     # sys.path as PYTHONPATH (Inductor's compile workers do), and Triton in
     # a worker without the virtual GPU finds no GPU to compile for.
-    from ..common.bootstrap import BOOTSTRAP_DIR
+    from ..common.startup import BOOTSTRAP_DIR
 
     if BOOTSTRAP_DIR not in sys.path:
         sys.path.insert(0, BOOTSTRAP_DIR)

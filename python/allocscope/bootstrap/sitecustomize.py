@@ -4,7 +4,7 @@ the virtual GPU (allocscope.vgpu.environment).
 This folder is first on PYTHONPATH, so this module shadows any other
 sitecustomize: load that one too, then switch the virtual GPU on if asked
 (before anything can import torch), then arm recording if asked (see
-allocscope._autostart).
+allocscope.recording.autostart).
 """
 
 import importlib.machinery
