@@ -167,6 +167,14 @@ def test_search_finds_the_largest_value_that_fits_in_fewer_runs(tmp_path, script
     assert card["at_largest"]["peak_reserved_bytes"] >= expected << 30
     assert os.path.exists(tmp_path / card["at_largest"]["capture"])
     # (the value through the environment variable: test_a_search_states_memory_as_a_fixed_and_a_per_unit_part)
+    # Quiet: one line per run on stderr (and one naming where the logs go); each run's own output, the
+    # traceback of its out-of-memory error included, in a log beside its capture.
+    lines = result.stderr.splitlines()
+    assert "Traceback" not in result.stderr and len(lines) <= card["runs"] + 2, result.stderr
+    assert sum(f"GIB={v} " in line and "out of memory, short by" in line for line in lines for v in values) >= 1
+    assert f"GIB={expected} " in result.stderr and "fits, peak reserved" in result.stderr
+    oom_log = tmp_path / "allocscope-fit" / f"L4-24GB.GIB={expected + 1}.log"
+    assert "OutOfMemoryError" in oom_log.read_text()
 
 
 def test_a_smaller_card_of_the_same_chip_is_searched_by_replays(tmp_path, script):
@@ -192,6 +200,24 @@ def test_a_search_stops_where_the_command_fails_otherwise(tmp_path, script):
     result = fit(tmp_path, "--gpu", "L4-24GB", "--search", "GIB=1..4", "--", script, "{GIB}", "boom")
     assert result.returncode == 2 and "failed (exit status 1) without running out of memory" in result.stderr
     assert "Traceback (most recent call last)" not in result.stderr.split("allocscope fit: error:")[-1]
+    # the failing run's last lines (its SystemExit message) and where the rest is
+    (log,) = (tmp_path / "allocscope-fit").glob("L4-24GB.GIB=*.log")
+    assert "    | boom" in result.stderr and f"all of it: {os.path.join('allocscope-fit', log.name)}" in result.stderr
+
+
+def test_a_script_that_does_not_parse_shows_its_error_and_its_log(tmp_path):
+    (tmp_path / "typo.py").write_text("import torch\ndef f(:\n")
+    result = fit(tmp_path, "--gpu", "L4-24GB", "--search", "N=1..8", "--", str(tmp_path / "typo.py"), "{N}")
+    assert result.returncode == 2 and "failed (exit status 1) without running out of memory" in result.stderr
+    assert "| SyntaxError: invalid syntax" in result.stderr and "all of it: allocscope-fit" in result.stderr
+    assert "failed (exit status 1), no capture" in result.stderr
+
+
+def test_verbose_shows_each_runs_own_output(tmp_path, script):
+    result = fit(tmp_path, "--gpu", "L4-24GB", "--verbose", "--", script, "30")
+    assert result.returncode == 1
+    assert "running a virtual L4-24GB" in result.stderr and "OutOfMemoryError" in result.stderr
+    assert not list((tmp_path / "allocscope-fit").glob("*.log"))
 
 
 @pytest.mark.parametrize("spec,message", [("BATCH", "is not NAME=LOW..HIGH"), ("BATCH=1-4", "is not NAME=LOW..HIGH"),

@@ -19,7 +19,10 @@ CUDA context and libraries use), what filled memory at the peak (categories and 
 and optimizers are watched for it; source lines always) and, where it ran
 out, the post-mortem. A command that fails for another reason is reported as
 such, not as out of memory. The captures are kept in --output-dir (one per
-card), for `allocscope report`, `html` and `simulate`.
+card), for `allocscope report`, `html` and `simulate`. While it runs, fit
+shows one line per run; each run's own output goes to a log beside its
+capture (CARD.log), and the end of it shows where a run failed for a reason
+other than memory (--verbose shows all of it as it runs).
 
 With --search NAME=LOW..HIGH, finds on each card the largest value of an
 integer parameter (batch size, sequence length, layers, ...) at which the
@@ -66,6 +69,9 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stacks", choices=("python", "none"), default="python",
                         help="record each allocation's Python stack (default) or not")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="show each run's own output as it runs (by default it goes to a log beside the run's "
+                             "capture, and only a run that fails for a reason other than memory shows its end)")
     parser.add_argument("--top", type=int, default=5, metavar="N", help="rows in each breakdown (default 5)")
     parser.add_argument("--search", metavar="NAME=LOW..HIGH", type=_search_range,
                         help="find the largest value of NAME in LOW..HIGH that fits ({NAME} in the command, "
@@ -102,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     memory = args.gpu_memory if args.gpu_memory is not None else os.environ.get(ENV_MEMORY) or None
     doc = fit(args.command, args.gpu, output_dir=args.output_dir, force=args.force, stacks=args.stacks, top=args.top,
               search=args.search, stdout_to_stderr=args.json, world=world_from(args), gpu_memory=memory,
-              compute=args.compute, routings=args.routing, limits=limits_from(args))
+              compute=args.compute, routings=args.routing, limits=limits_from(args), verbose=args.verbose)
     if args.json:
         print(json.dumps(doc, indent=1))
     else:

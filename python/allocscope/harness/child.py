@@ -91,12 +91,17 @@ def _being_written(path: str) -> bool:
         os.close(fd)
 
 
-def wait_for(cmd: list[str], env: dict[str, str], *, output_to_stderr: bool = False) -> int:
+def wait_for(cmd: list[str], env: dict[str, str], *, output_to_stderr: bool = False, log: str | None = None) -> int:
     """Runs cmd to its end; its exit status (128 + N for a signal N).
     output_to_stderr: the child's standard output goes to our standard error
-    (so that ours holds only what we print, e.g. JSON)."""
+    (so that ours holds only what we print, e.g. JSON). log: both its
+    outputs go to this file instead (overwritten)."""
     try:
-        child = subprocess.Popen(cmd, env=env, stdout=sys.stderr if output_to_stderr else None)
+        if log is not None:
+            with open(log, "wb") as out:
+                child = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        else:
+            child = subprocess.Popen(cmd, env=env, stdout=sys.stderr if output_to_stderr else None)
     except OSError as e:
         raise InputError(f"cannot run {cmd[0]}: {e.strerror}") from None
     # The terminal sends Ctrl-C to the child too; let it finish its capture.

@@ -13,15 +13,29 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 import os
-import sys
+import time
 from typing import Any, Sequence
 
+from .. import vgpu
+from ..allocator.config import recorded_config
+from ..allocator.recorded import recorded_reserved
+from ..allocator.replay import replay
+from ..capture.format import EventKind
+from ..capture.reader import load
 from ..common.errors import InputError
+from ..recording.autostart import child_environment
 from ..recording.limits import ENV_LIMITS, Limits
+from ..recording.metadata import ENV_FIT
+from ..reports.allocator import shortfall
+from ..reports.fit import FIT_DOCUMENT, card_result, fit_document, search_document
+from ..reports.scaling import memory_model
 from .child import command_line, finished_outputs, outputs, wait_for
+from .console import RunConsole, log_path
+from .run import shared_cards
 from .search import parse_search, search_largest
-from .world import World
+from .world import World, check_initialized, node_gpus, rank_environment, report_file
 
 __all__ = ["fit"]
 
@@ -30,7 +44,7 @@ def fit(command: Sequence[str], gpus: Sequence[str], *, output_dir: str = "alloc
         stacks: str = "python", top: int = 5, search: str | tuple[str, int, int] | None = None,
         stdout_to_stderr: bool = False, world: World | None = None,
         gpu_memory: int | str | None = None, compute: str | None = None,
-        routings: Sequence[str] = (), limits: Limits | None = None) -> dict[str, Any]:
+        routings: Sequence[str] = (), limits: Limits | None = None, verbose: bool = False) -> dict[str, Any]:
     """Runs `command` (a script runs with this Python) on a virtual GPU of each
     model in `gpus` (`allocscope run --gpu list`), recording it into
     output_dir (one capture per card, kept), and returns the fit document:
@@ -55,8 +69,11 @@ def fit(command: Sequence[str], gpus: Sequence[str], *, output_dir: str = "alloc
     run stopped there is a failed one (exit status LIMIT_STATUS).
 
     force: overwrite the captures of an earlier fit in output_dir.
-    stdout_to_stderr: the command's standard output goes to standard error
-    (the command line's --json keeps its own output parseable).
+    verbose: the command's output shows as it runs (stdout_to_stderr: its
+    standard output on standard error, so that the command line's --json
+    keeps its own output parseable); otherwise it goes to a log beside each
+    capture (CARD.log), and standard error gets one line per run, with the
+    end of the log of a run that failed for a reason other than memory.
 
     world: each of world.ranks runs alone as that rank of a job of
     world.size processes (harness/world.py) on each card; the document has
@@ -80,20 +97,25 @@ def fit(command: Sequence[str], gpus: Sequence[str], *, output_dir: str = "alloc
     if len(routings) > 1 and (search is not None or world is not None):
         raise InputError("several routings side by side are for a plain fit: give one --routing with --search "
                          "or --world-size")
-    runs = _Runs(cmd, os.path.abspath(output_dir), stacks, top, search, stdout_to_stderr, world, gpu_memory,
-                 {"compute": compute, "routing": routings[0] if len(routings) == 1 else None}, limits)
-    runs.prepare(gpus, force, routings)
-    if search is not None:
-        doc = _search(runs, cmd, gpus, search)
+    if search is not None:  # bisection's runs plus one per card, at most (harness/search.py)
+        expected = len(gpus) * (math.ceil(math.log2(search[2] - search[1] + 2)) + 1)
     else:
-        from ..reports.fit import fit_document
-
-        if world is None and len(routings) > 1:
+        expected = len(gpus) * max(1, len(routings)) * (len(world.ranks) if world is not None else 1)
+    console = RunConsole(expected, verbose=verbose, logs=os.path.abspath(output_dir))
+    runs = _Runs(cmd, os.path.abspath(output_dir), stacks, top, search, stdout_to_stderr, world, gpu_memory,
+                 {"compute": compute, "routing": routings[0] if len(routings) == 1 else None}, limits, console)
+    runs.prepare(gpus, force, routings)
+    try:
+        if search is not None:
+            doc = _search(runs, cmd, gpus, search)
+        elif world is None and len(routings) > 1:
             doc = fit_document(cmd, [runs.run(gpu, routing=r) for gpu in gpus for r in routings])
         elif world is None:
             doc = fit_document(cmd, [runs.run(gpu) for gpu in gpus])
         else:
             doc = fit_document(cmd, [runs.run(gpu, rank=r) for gpu in gpus for r in world.ranks], world=world.size)
+    finally:
+        console.close()
     _keep(doc, runs.directory)
     return doc
 
@@ -101,16 +123,11 @@ def fit(command: Sequence[str], gpus: Sequence[str], *, output_dir: str = "alloc
 def _keep(doc: dict[str, Any], directory: str) -> None:
     """The document beside the captures (FIT_DOCUMENT): the HTML page of a
     search's capture plots its card's memory against the value from it."""
-    from ..reports.fit import FIT_DOCUMENT
-
     with open(os.path.join(directory, FIT_DOCUMENT), "w", encoding="utf-8") as f:
         json.dump(doc, f, indent=1)
 
 
 def _search(runs: "_Runs", cmd: list[str], gpus: list[str], search: tuple[str, int, int]) -> dict[str, Any]:
-    from ..reports.fit import search_document
-    from ..reports.scaling import memory_model
-
     name, low, high = search
     # Larger cards first: replays of their runs then narrow a smaller card's search (same chip).
     found: dict[str, dict[str, Any]] = {}
@@ -128,11 +145,13 @@ class _Runs:
 
     def __init__(self, cmd: list[str], directory: str, stacks: str, top: int, search: tuple[str, int, int] | None,
                  stdout_to_stderr: bool, world: World | None = None, gpu_memory: int | str | None = None,
-                 values: dict[str, str | None] | None = None, limits: Limits | None = None):
+                 values: dict[str, str | None] | None = None, limits: Limits | None = None,
+                 console: RunConsole | None = None):
         self.cmd, self.directory, self.stacks, self.top, self.search = cmd, directory, stacks, top, search
         self.stdout_to_stderr, self.world, self.gpu_memory = stdout_to_stderr, world, gpu_memory
         self.values = values or {}
         self.limits = limits
+        self.console = console or RunConsole(1)
         self.ran: dict[tuple[str, int], dict[str, Any]] = {}  # (gpu, value) -> card result, for predictions
 
     def path(self, gpu: str, value: int | None = None, routing: str | None = None) -> str:
@@ -150,14 +169,10 @@ class _Runs:
 
     def prepare(self, gpus: list[str], force: bool, routings: list[str]) -> None:
         """Every card, setting and output checked before the first run."""
-        from .. import vgpu
-
         for gpu in gpus:
             for routing in routings or [None]:
                 vgpu.environment(gpu, memory=self.gpu_memory, compute=self.values.get("compute"), routing=routing)
             if self.world is not None:
-                from .world import node_gpus
-
                 node_gpus(gpu, self.world)
         os.makedirs(self.directory, exist_ok=True)
         side_by_side = routings if len(routings) > 1 else [None]
@@ -169,14 +184,6 @@ class _Runs:
 
     def run(self, gpu: str, value: int | None = None, rank: int | None = None,
             routing: str | None = None) -> dict[str, Any]:
-        from .. import vgpu
-        from ..capture.reader import load
-        from ..recording.autostart import child_environment
-        from ..recording.metadata import ENV_FIT
-        from ..reports.fit import card_result
-        from .run import shared_cards
-        from .world import check_initialized, node_gpus, rank_environment, report_file
-
         path = self.path(gpu, value, routing)
         values = self.values if routing is None else {**self.values, "routing": routing}
         cmd, env = self.cmd, vgpu.environment(gpu if self.world is None else node_gpus(gpu, self.world),
@@ -191,16 +198,21 @@ class _Runs:
                                    "value": value})
         where = f"a virtual {gpu}" + ("" if value is None else f" with {self.search[0]}={value}") + \
             ("" if routing is None else f", {routing} routing")
+        label = " ".join([gpu, *([] if rank is None else [f"rank {rank}"]),
+                          *([] if value is None else [f"{self.search[0]}={value}"]),
+                          *([] if routing is None else [f"routing={routing}"])])
         env = child_environment(env, path, {"device": "cuda", "stacks": self.stacks, "auto_watch": True})
         report = None
         if rank is not None:
             where = f"rank {rank} of {self.world.size} on " + where
             report = report_file()
             env = rank_environment(env, self.world, rank, report)
-        print(f"allocscope fit: running {where}", file=sys.stderr)
+        self.console.begin(where)
+        log = None if self.console.verbose else log_path(path)
+        started = time.monotonic()
         # A command of several processes (torchrun) shares the cards, as under allocscope run.
         with shared_cards(env, rank is None) as env:
-            status = wait_for(cmd, env, output_to_stderr=self.stdout_to_stderr)
+            status = wait_for(cmd, env, output_to_stderr=self.stdout_to_stderr, log=log)
             written = finished_outputs(path)
         if report is not None:
             check_initialized(report, status, rank)
@@ -214,6 +226,7 @@ class _Runs:
             card = {"rank": rank, **card}
         if routing is not None:
             card = {"routing": routing, **card}
+        self.console.end(label, card, time.monotonic() - started, log)
         if value is None:
             return card
         self.ran[(gpu, value)] = card
@@ -225,11 +238,6 @@ class _Runs:
         out of memory there runs out here; one that fit is replayed with
         this card's memory (the same requests in the same order: torch sees
         the same device but for its memory)."""
-        from ..allocator.config import recorded_config
-        from ..allocator.replay import replay
-        from ..capture.reader import load
-        from ..reports.allocator import shortfall
-
         mine = _single_preset(gpu)
         if mine is None or self.gpu_memory is not None:  # (every card has the memory given)
             return {}
@@ -253,8 +261,8 @@ class _Runs:
                                     mine.total_memory - rep.peak_reserved - outside,
                                     "shortfall_bytes": shortfall(rep.ooms[0], rep.config) if rep.ooms else None}
         if known:
-            print(f"allocscope fit: {len(known)} values on a virtual {gpu} foreseen from runs on "
-                  f"{', '.join(g for _, g in larger)}", file=sys.stderr)
+            self.console.note(f"{len(known)} values on a virtual {gpu} foreseen from runs on "
+                              f"{', '.join(g for _, g in larger)}")
         return known
 
 
@@ -263,9 +271,6 @@ def _card_process(caps: list[Any]) -> Any:
     several processes on it (an engine process beside its parent, spawned
     workers): one that ran out of memory, else the one that reserved the
     most (a parent that only initialized CUDA reserved nothing)."""
-    from ..allocator.recorded import recorded_reserved
-    from ..capture.format import EventKind
-
     if len(caps) == 1:
         return caps[0]
 
@@ -282,14 +287,10 @@ def _stem(gpu: str) -> str:
 
 
 def _memory(gpu: str) -> int:
-    from .. import vgpu
-
     return sum(p.total_memory for p in vgpu.parse_gpus(gpu))
 
 
 def _single_preset(gpu: str) -> Any:
-    from .. import vgpu
-
     presets = vgpu.parse_gpus(gpu)
     return presets[0] if len(presets) == 1 else None
 

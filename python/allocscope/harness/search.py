@@ -65,7 +65,8 @@ def search_largest(low: int, high: int, run: Callable[[int], dict[str, Any]],
         if v not in tried:
             c = tried[v] = run(v)
             if c["verdict"] in ("failed", "no capture"):
-                why = f"failed (exit status {c['exit_status']})" if c["verdict"] == "failed" else "never used CUDA"
+                why = (f"failed (exit status {c['exit_status']})" if c["verdict"] == "failed" or c["exit_status"]
+                       else "never used CUDA")
                 where = f"; capture: {c['capture']}" if c.get("capture") else ""
                 raise SearchFailed(f"at {v} the command {why} without running out of memory, so the search "
                                    f"stops{where}")
