@@ -71,7 +71,7 @@ def main() -> None:
     from allocscope.allocator.config import parse_alloc_conf
     from allocscope.allocator.recorded import recorded_reserved
     from allocscope.allocator.replay import replay
-    from allocscope.allocator.segments import outside_allocator
+    from allocscope.capture.baselines import outside_allocator
     from tests.support.request_streams import SETTINGS
 
     t0 = time.perf_counter()

@@ -19,7 +19,8 @@ from ..capture.reader import Capture
 from ..common.native import analysis_for
 from .blocks import SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP, BumpAddresses, SegmentEvent
 from .config import AllocatorConfig, recorded_config
-from .segments import baseline_reserved, baseline_segments, pending_blocks
+from ..capture.baselines import baseline_reserved
+from .segments import baseline_segments, pending_blocks
 
 __all__ = ["KIND_NAMES", "Fidelity", "SegmentChecker", "deferred_frees", "end_to_compare", "end_window",
            "recorded_fraction", "recorded_reserved", "request_at", "settle_end_snapshot"]

@@ -13,8 +13,7 @@ from typing import Any
 from .sizes import SMALL_BUFFER
 
 __all__ = ["ALLOCATED", "INACTIVE", "PENDING_FREE", "BlockInfo", "SegmentInfo", "baseline_blocks",
-           "baseline_reserved", "baseline_segments", "nccl_memory", "outside_allocator", "outside_at_peak",
-           "pending_blocks"]
+           "baseline_segments", "pending_blocks"]
 
 # A block's state, as torch's snapshot names them (less the "active_" prefix).
 ALLOCATED, PENDING_FREE, INACTIVE = "allocated", "pending_free", "inactive"
@@ -110,52 +109,3 @@ def pending_blocks(baseline: dict[str, Any] | None) -> set[int]:
     """Addresses of the blocks a baseline shows freed but still in use on
     another stream."""
     return {b.address for s in baseline_segments(baseline) for b in s.blocks if b.state == PENDING_FREE}
-
-
-def baseline_reserved(baseline: dict[str, Any] | None, device: int | None = None) -> int:
-    """Bytes the caching allocator held from the device (all devices: None)."""
-    return sum(s.total_size for s in baseline_segments(baseline) if device is None or s.device == device)
-
-
-def nccl_memory(baseline: dict[str, Any]) -> tuple[int, int] | None:
-    """NCCL's own device memory (its connection and NVLS buffers) at the
-    baseline and the most it held before, where the baseline knows it (the
-    virtual GPU's NCCL: docs/vgpu.md); None elsewhere."""
-    cards = [d["virtual"] for d in baseline.get("devices") or () if isinstance(d.get("virtual"), dict)]
-    if not cards:
-        return None
-    return (sum(int(c.get("nccl", 0)) for c in cards), sum(int(c.get("nccl_peak", 0)) for c in cards))
-
-
-def device_readings(cap: Any) -> dict[str, Any] | None:
-    """The first baseline of a capture that read its devices' memory: the
-    start's, or the end's where the process had no CUDA context yet when
-    recording started (docs/format.md: reading would have created one)."""
-    for label in ("start", "end"):
-        base = cap.baseline(label)
-        if base and any("total" in d for d in base.get("devices") or ()):
-            return base
-    return None
-
-
-def outside_at_peak(baseline: dict[str, Any]) -> int | None:
-    """outside_allocator, with NCCL's memory at its most (communicators
-    destroyed before the baseline was read held it during the run)."""
-    outside = outside_allocator(baseline)
-    nccl = nccl_memory(baseline)
-    return outside if outside is None or nccl is None else outside - nccl[0] + nccl[1]
-
-
-def outside_allocator(baseline: dict[str, Any]) -> int | None:
-    """Device memory in use that the caching allocator does not hold (the
-    CUDA context, libraries' own allocations, other processes), or None when
-    the baseline has no device readings."""
-    devices = [d for d in baseline.get("devices") or () if "used" in d]
-    if not devices:
-        return None
-    used = sum(int(d["used"]) for d in devices)
-    if all("stats" in d for d in devices):
-        reserved = sum(int(d["stats"]["reserved_bytes"]["current"]) for d in devices)
-    else:  # a baseline written without the allocator's counters (imports, older files)
-        reserved = baseline_reserved(baseline)
-    return used - reserved

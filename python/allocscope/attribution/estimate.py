@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ..allocator.segments import nccl_memory, outside_allocator
+from ..capture.baselines import nccl_memory, outside_allocator
 from ..capture.format import EventKind
 from .categories import Attribution
 from .timeline import Moment, Timeline

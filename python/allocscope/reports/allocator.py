@@ -12,7 +12,8 @@ import numpy as np
 from ..allocator.config import AllocatorConfig
 from ..allocator.fragmentation import figures, fragmented_segments, stranded
 from ..allocator.replay import OomRecord, Replay, replay
-from ..allocator.segments import SegmentInfo, device_readings
+from ..allocator.segments import SegmentInfo
+from ..capture.baselines import device_readings
 from ..allocator.sizes import allocation_size
 from ..allocator.whatif import candidates
 from ..attribution.categories import CATEGORIES, Attribution

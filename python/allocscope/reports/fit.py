@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..allocator.segments import device_readings, nccl_memory, outside_at_peak
+from ..capture.baselines import device_readings, nccl_memory, outside_at_peak
 from ..attribution.categories import CATEGORIES, module_label
 from ..attribution.ops import op_names
 from ..capture.format import EventKind

@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from ..allocator.segments import SegmentInfo, device_readings, outside_allocator
+from ..allocator.segments import SegmentInfo
+from ..capture.baselines import device_readings, outside_allocator
 from ..attribution.categories import CATEGORIES, Attribution, module_label
 from ..attribution.timeline import PERSISTENT, Timeline, bucket_peaks, iterations, live_at, relative_time, site_labels
 from ..capture.format import EventKind
