@@ -66,11 +66,12 @@ def _run(argv: list[str]) -> tuple[int, str, str]:
     return status, out.getvalue(), err.getvalue()
 
 
-def _write(path: pathlib.Path, argv: list[str], failed: list[str]) -> None:
+def _write(path: pathlib.Path, argv: list[str], failed: list[str], out: pathlib.Path) -> None:
     status, stdout, stderr = _run(argv)
     if status:
         failed.append(" ".join(argv))
-    path.write_text(f"$ allocscope {' '.join(argv)}\n[status {status}]\n{stdout}\n[stderr]\n{stderr}")
+    text = f"$ allocscope {' '.join(argv)}\n[status {status}]\n{stdout}\n[stderr]\n{stderr}"
+    path.write_text(text.replace(str(out), "OUT"))  # (where the outputs went differs between the two runs)
 
 
 def _fit(out: pathlib.Path, failed: list[str]) -> None:
@@ -105,15 +106,15 @@ def main() -> int:
         folder = out / str(fixture.relative_to(DATA)).replace("/", "__")
         folder.mkdir(exist_ok=True)
         for name, argv in _commands(fixture, folder).items():
-            _write(folder / name, argv, failed)
+            _write(folder / name, argv, failed, out)
             written += 1
     pairs = [("cuda_train_v1.alsc", "cuda_watch_v2.alsc"), ("cpu_watch_v1.alsc", "cpu_watch_v2.alsc")]
     for a, b in pairs:
         stem = f"diff__{a}__{b}"
-        _write(out / f"{stem}.txt", ["diff", str(DATA / a), str(DATA / b)], failed)
-        _write(out / f"{stem}.json", ["diff", "--json", str(DATA / a), str(DATA / b)], failed)
+        _write(out / f"{stem}.txt", ["diff", str(DATA / a), str(DATA / b)], failed, out)
+        _write(out / f"{stem}.json", ["diff", "--json", str(DATA / a), str(DATA / b)], failed, out)
         _write(out / f"{stem}.html.out", ["diff", "--html", "-f", "-o", str(out / f"{stem}.html"), str(DATA / a),
-                                          str(DATA / b)], failed)
+                                          str(DATA / b)], failed, out)
         written += 3
     if "--fit" in sys.argv:
         _fit(out, failed)

@@ -6,6 +6,8 @@ import argparse
 import json
 import os
 
+from .options import add_output, add_top, check_output, check_top, load_capture
+
 NAME = "diff"
 HELP = "compare two captures: peaks, and bytes by category, module and source line"
 DESCRIPTION = """\
@@ -29,19 +31,16 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
     out = parser.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print JSON (schema allocscope.diff/1)")
     out.add_argument("--html", action="store_true", help="write an HTML page (to -o, default A-vs-B.html)")
-    parser.add_argument("-o", "--output", metavar="PATH", help="with --html: the file to write")
-    parser.add_argument("-f", "--force", action="store_true", help="overwrite the output file")
-    parser.add_argument("--top", type=int, default=15, metavar="N", help="rows per table in text and HTML (default 15)")
+    add_output(parser, "with --html: the file to write")
+    add_top(parser, 15, "rows per table in text and HTML")
 
 
 def run(args: argparse.Namespace) -> int:
     from ..common.errors import InputError
     from ..reports.diff import diff, render
     from ..reports.html import render_diff
-    from ._paths import check_output
 
-    if args.top < 1:
-        raise InputError("--top must be at least 1")
+    check_top(args)
     if args.output and not args.html:
         raise InputError("-o goes with --html")
     d = diff(_one(args.a, "A"), _one(args.b, "B"))
@@ -64,13 +63,12 @@ def _one(name: str, side: str):  # -> Capture
     rank's (reports/ranks.py), said on stderr."""
     import sys
 
-    from .. import load
     from ..capture.runs import load_run, run_files
     from ..reports.ranks import build_ranks, named_by
 
     files = run_files(name)
     if len(files) == 1:
-        return load(files[0])
+        return load_capture(files[0])
     caps = load_run(files)
     doc = build_ranks(caps, top=1)
     worst = doc["worst_capture"]

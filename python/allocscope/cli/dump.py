@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from .options import add_capture, add_json, load_capture
+
 NAME = "dump"
 HELP = "print a capture's events as text or JSON lines"
 DESCRIPTION = """\
@@ -20,8 +22,8 @@ examples:
 def prepare_parser(parser: argparse.ArgumentParser) -> None:
     from ..capture.format import EventKind
 
-    parser.add_argument("file", help="capture file")
-    parser.add_argument("--json", action="store_true", help="one JSON object per line")
+    add_capture(parser)
+    add_json(parser, "one JSON object per line")
     parser.add_argument("--kind", action="append", metavar="KIND",
                         choices=[k.name.lower() for k in EventKind],
                         help="only events of this kind (repeatable): " + ", ".join(k.name.lower() for k in EventKind))
@@ -30,11 +32,10 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import load
     from ..reports.events import event_rows, render_event
 
     if not args.json:
         print("# seq, time since first event, kind (* = seen only by the allocator's trace hook), device, fields")
-    for row in event_rows(load(args.file), kinds=args.kind or (), limit=args.limit, stacks=args.stacks):
+    for row in event_rows(load_capture(args.file), kinds=args.kind or (), limit=args.limit, stacks=args.stacks):
         print(json.dumps(row) if args.json else render_event(row))
     return 0

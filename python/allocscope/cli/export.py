@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..common.units import format_bytes
+from .options import add_capture, add_output, check_output, default_output, load_capture
 
 NAME = "export"
 HELP = "write a capture as a PyTorch memory snapshot (memory_viz) or a Perfetto/Chrome trace"
@@ -29,26 +30,22 @@ SUFFIX = {"memory-viz": ".pickle", "perfetto": ".perfetto.json"}
 
 
 def prepare_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("file", help="capture file")
+    add_capture(parser)
     parser.add_argument("--format", required=True, choices=sorted(SUFFIX), help="what to write")
-    parser.add_argument("-o", "--output", metavar="PATH", help="file to write (default: the capture's name with "
-                        ".pickle or .perfetto.json)")
-    parser.add_argument("-f", "--force", action="store_true", help="overwrite the output file")
+    add_output(parser, "file to write (default: the capture's name with .pickle or .perfetto.json)")
     parser.add_argument("--points", type=int, default=10000, metavar="N",
                         help="perfetto: counter samples per track (default 10000)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import load
     from ..common.errors import InputError
     from ..interop import export_memory_viz, export_perfetto
-    from ._paths import check_output, default_output
 
     if args.points < 2:
         raise InputError("--points must be at least 2")
     out = args.output or default_output(args.file, SUFFIX[args.format])
     check_output(out, args.force)
-    cap = load(args.file)
+    cap = load_capture(args.file)
     size = export_memory_viz(cap, out) if args.format == "memory-viz" else export_perfetto(cap, out, points=args.points)
     print(f"wrote {out} ({format_bytes(size)})")
     return 0

@@ -7,6 +7,9 @@ import argparse
 import json
 import os
 
+from .options import (add_json, add_limit_arguments, add_top, add_values_arguments, add_world_arguments, check_top,
+                      limits_from, world_from)
+
 NAME = "fit"
 HELP = "run a command on virtual GPUs of several models: does it fit on each, and with how much room"
 DESCRIPTION = """\
@@ -68,16 +71,14 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-f", "--force", action="store_true", help="overwrite captures already in DIR")
     parser.add_argument("--stacks", choices=("python", "none"), default="python",
                         help="record each allocation's Python stack (default) or not")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    add_json(parser)
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="show each run's own output as it runs (by default it goes to a log beside the run's "
                              "capture, and only a run that fails for a reason other than memory shows its end)")
-    parser.add_argument("--top", type=int, default=5, metavar="N", help="rows in each breakdown (default 5)")
+    add_top(parser, 5, "rows in each breakdown")
     parser.add_argument("--search", metavar="NAME=LOW..HIGH", type=_search_range,
                         help="find the largest value of NAME in LOW..HIGH that fits ({NAME} in the command, "
                              "and the environment variable NAME)")
-    from .run import add_limit_arguments, add_values_arguments, add_world_arguments
-
     add_values_arguments(parser, several_routings=True)
     add_limit_arguments(parser)
     add_world_arguments(parser)
@@ -96,14 +97,11 @@ def _search_range(text: str) -> tuple[str, int, int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..common.errors import InputError
     from ..harness.fit import fit
-    from .run import limits_from, world_from
     from ..reports.fit import render_fit, render_search
-
-    if args.top < 1:
-        raise InputError("--top must be at least 1")
     from ..vgpu import ENV_MEMORY
+
+    check_top(args)
 
     memory = args.gpu_memory if args.gpu_memory is not None else os.environ.get(ENV_MEMORY) or None
     doc = fit(args.command, args.gpu, output_dir=args.output_dir, force=args.force, stacks=args.stacks, top=args.top,

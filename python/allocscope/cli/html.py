@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..common.units import format_bytes
+from .options import add_capture, add_output, check_output, default_output, load_capture
 
 NAME = "html"
 HELP = "write the report as one self-contained HTML file (timeline, flamegraph, segments, tables)"
@@ -26,20 +27,17 @@ examples:
 
 
 def prepare_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("file", help="capture file")
-    parser.add_argument("-o", "--output", metavar="PATH", help="HTML file to write (default: the capture's name with .html)")
+    add_capture(parser, run=True)
+    add_output(parser, "HTML file to write (default: the capture's name with .html)")
     parser.add_argument("--at", metavar="LABEL", help="explain the first mark with this label instead of the peak")
-    parser.add_argument("-f", "--force", action="store_true", help="overwrite the output file")
     parser.add_argument("--no-progress", action="store_true", help="never draw a progress bar")
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import load
-    from ..reports.html import write_html
     from ..capture.runs import load_run, run_files, run_name
     from ..common.errors import InputError
+    from ..reports.html import write_html
     from ..reports.ranks import build_ranks
-    from ._paths import check_output, default_output
 
     files = run_files(args.file)
     out = args.output or default_output(run_name(files) if len(files) > 1 else files[0], ".html")
@@ -53,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         ranks = build_ranks(caps, top=10)
         cap = caps[[c.path for c in caps].index(ranks["worst_capture"])]
     else:
-        cap = load(files[0], progress=False if args.no_progress else None)
+        cap = load_capture(files[0], progress=False if args.no_progress else None)
     size = write_html(cap, out, at=args.at, progress=False if args.no_progress else None, ranks=ranks)
     print(f"wrote {out} ({format_bytes(size)})")
     return 0

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from .options import add_json, add_output, check_output, default_output
+
 NAME = "import"
 HELP = "convert a PyTorch memory snapshot (_dump_snapshot pickle) into a capture file"
 DESCRIPTION = """\
@@ -25,16 +27,14 @@ examples:
 
 def prepare_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("snapshot", help="snapshot pickle (torch.cuda.memory._dump_snapshot)")
-    parser.add_argument("-o", "--output", metavar="PATH", help="capture to write (default: the snapshot's name with .alsc)")
-    parser.add_argument("-f", "--force", action="store_true", help="overwrite the output file")
-    parser.add_argument("--json", action="store_true", help="print what was written as JSON")
+    add_output(parser, "capture to write (default: the snapshot's name with .alsc)")
+    add_json(parser, "print what was written as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
     import json
 
     from ..interop import import_snapshot
-    from ._paths import check_output, default_output
 
     out = args.output or default_output(args.snapshot, ".alsc")
     check_output(out, args.force)

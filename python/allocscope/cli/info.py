@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from .options import add_capture, add_json, load_capture
+
 NAME = "info"
 HELP = "show a capture's metadata and event counts"
 DESCRIPTION = """\
@@ -19,8 +21,8 @@ examples:
 
 
 def prepare_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("file", help="capture file")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    add_capture(parser)
+    add_json(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -31,6 +33,6 @@ def run(args: argparse.Namespace) -> int:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", TruncatedCaptureWarning)  # shown in the output instead
-        s = summarize(args.file)
+        s = summarize(load_capture(args.file))
     print(json.dumps(s, indent=2, default=str) if args.json else render(s))
     return 0

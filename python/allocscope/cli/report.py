@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from .options import add_capture, add_json, add_top, check_top, load_capture
+
 NAME = "report"
 HELP = "explain the peak (or a mark): categories, modules, sites, theory vs practice"
 DESCRIPTION = """\
@@ -40,14 +42,13 @@ it differs from the median one; then the report of the worst.
 
 
 def prepare_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("file", help="capture file, or a run's captures: the name it was given (ddp.alsc for "
-                                     "ddp.rank0.alsc, ddp.rank1.alsc, ...) or a glob ('ddp.rank*.alsc')")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    add_capture(parser, run=True)
+    add_json(parser)
     parser.add_argument("--at", metavar="LABEL", help="report at the first mark with this label instead of the peak")
     parser.add_argument("--steps", metavar="A-B", type=_steps,
                         help="report on optimizer steps A to B (or one step A) of a watched model: their peak, "
                              "their iterations, their timeline")
-    parser.add_argument("--top", type=int, default=10, metavar="N", help="rows in each table (default 10)")
+    add_top(parser, 10, "rows in each table")
 
 
 def _steps(text: str) -> tuple[int, int]:
@@ -62,14 +63,12 @@ def _steps(text: str) -> tuple[int, int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import load
-    from ..common.errors import InputError
     from ..capture.runs import load_run, run_files
+    from ..common.errors import InputError
     from ..reports.ranks import build_ranks, render_ranks
     from ..reports.report import build_report, render
 
-    if args.top < 1:
-        raise InputError("--top must be at least 1")
+    check_top(args)
     if args.at is not None and args.steps is not None:
         raise InputError("--at and --steps cannot be used together")
     files = run_files(args.file)
@@ -83,10 +82,10 @@ def run(args: argparse.Namespace) -> int:
     # --steps and --at read only as far as the steps or the mark need, from
     # the last checkpoint before them where the file has one (reader.load).
     if args.at is not None:
-        cap = load(files[0], at_mark=args.at)
+        cap = load_capture(files[0], at_mark=args.at)
     else:
         first, last = args.steps if args.steps is not None else (None, None)
-        cap = load(files[0], through_step=last, from_step=first)
+        cap = load_capture(files[0], through_step=last, from_step=first)
     report = build_report(cap, at=args.at, steps=args.steps, top=args.top)
     if args.json:
         print(json.dumps(report, indent=1))

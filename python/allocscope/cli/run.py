@@ -6,6 +6,8 @@ import argparse
 import os
 import sys
 
+from .options import add_limit_arguments, add_values_arguments, add_world_arguments, limits_from, values_from, world_from
+
 NAME = "run"
 HELP = "record a command (a Python script, torchrun, ...) into a capture file, on a GPU or a virtual one"
 DESCRIPTION = """\
@@ -67,74 +69,6 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
     add_world_arguments(parser)
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND",
                         help="the command to run, after --")
-
-
-def add_values_arguments(parser: argparse.ArgumentParser, several_routings: bool = False) -> None:
-    parser.add_argument("--compute", choices=["values", "all", "none"],
-                        help="on the virtual GPU, which ops compute their values: those that steer shapes and "
-                             "control flow (values, the default), every op on the host (all: slow, for small "
-                             "models), none")
-    parser.add_argument("--routing", metavar="ROUTING", **({"action": "append", "default": []} if several_routings
-                                                            else {}),
-                        help="on the virtual GPU, where an MoE router whose logits were not computed sends "
-                             "tokens: balanced (the default), balanced:F (the busiest expert gets F times the "
-                             "mean), worst (all to the same experts), computed (whatever the values are)" +
-                             ("; repeat for several side by side" if several_routings else ""))
-
-
-def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--max-time", type=float, metavar="SECONDS",
-                        help="stop any process of the command that runs longer, saying where it was (its capture "
-                             "is finished)")
-    parser.add_argument("--max-events", type=int, metavar="N",
-                        help="stop any process whose recording passes N events (a loop that never ends)")
-    parser.add_argument("--max-host-memory", metavar="SIZE",
-                        help="stop any process that holds more host memory (e.g. 16GiB: the virtual card's "
-                             "written memory is host memory)")
-
-
-def limits_from(args: argparse.Namespace):  # -> Limits
-    from ..common.errors import InputError
-    from ..common.units import parse_bytes
-    from ..recording.limits import Limits
-
-    if args.max_time is not None and not args.max_time > 0:
-        raise InputError("--max-time is a number of seconds > 0")
-    if args.max_events is not None and args.max_events < 1:
-        raise InputError("--max-events is a number of events >= 1")
-    try:
-        memory = parse_bytes(args.max_host_memory) if args.max_host_memory is not None else None
-    except ValueError as e:
-        raise InputError(f"--max-host-memory: {e}") from None
-    return Limits(args.max_time, args.max_events, memory)
-
-
-def values_from(args: argparse.Namespace) -> dict[str, str | None]:
-    from ..common.errors import InputError
-
-    if (args.compute or args.routing) and not args.gpu:
-        raise InputError("--compute and --routing are about the virtual GPU: give --gpu too")
-    return {"compute": args.compute, "routing": args.routing}
-
-
-def add_world_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--world-size", type=int, metavar="N",
-                        help="run ranks of a job of N processes, each alone on a virtual card (needs --gpu)")
-    parser.add_argument("--rank", type=int, action="append", metavar="R",
-                        help="a rank to run with --world-size (repeat for several; default 0)")
-    parser.add_argument("--gpus-per-node", type=int, default=8, metavar="G",
-                        help="virtual cards per node with --world-size (LOCAL_RANK = rank %% G; default 8)")
-
-
-def world_from(args: argparse.Namespace):  # -> World | None
-    from ..common.errors import InputError
-    from ..harness.world import parse_world
-
-    if args.world_size is None:
-        if args.rank:
-            raise InputError("--rank chooses ranks of --world-size: give --world-size too")
-        return None
-    return parse_world(args.world_size, args.rank, args.gpus_per_node)
 
 
 def _list_gpus() -> int:

@@ -7,6 +7,7 @@ import argparse
 import json
 
 from ..common.units import parse_bytes
+from .options import add_capture, add_json, load_capture
 
 NAME = "simulate"
 HELP = "replay a CUDA capture through the caching allocator with other settings or a smaller GPU"
@@ -33,16 +34,15 @@ examples:
 """
 
 def prepare_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("file", help="capture file (recorded on CUDA)")
+    add_capture(parser, help="capture file (recorded on CUDA)")
     parser.add_argument("--config", metavar="SETTINGS",
                         help="allocator settings to try, as in PYTORCH_CUDA_ALLOC_CONF (e.g. expandable_segments:True)")
     parser.add_argument("--limit", metavar="SIZE", help="total memory of the GPU to simulate (e.g. 24GiB, 80GB)")
     parser.add_argument("--suggest", action="store_true", help="try the settings that matter and rank them")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    add_json(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import load
     from ..allocator.config import parse_alloc_conf
     from ..common.errors import InputError
     from ..reports.simulate import render, simulate
@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     limit = parse_bytes(args.limit) if args.limit else None
     if limit is not None and limit <= 0:
         raise InputError("--limit must be positive")
-    cap = load(args.file)
+    cap = load_capture(args.file)
     # As PYTORCH_CUDA_ALLOC_CONF for a fresh run: what the string leaves out takes torch's defaults.
     config = parse_alloc_conf(args.config) if args.config is not None else None
     out = simulate(cap, config=config, limit=limit, suggestions=args.suggest)

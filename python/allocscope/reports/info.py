@@ -12,15 +12,15 @@ from typing import Any
 import numpy as np
 
 from ..attribution.lifetimes import lifetimes, live_bytes
-from ..capture.reader import load
+from ..capture.reader import Capture
 from ..common.units import format_bytes
 
 __all__ = ["render", "summarize"]
 
 
-def summarize(path: str) -> dict[str, Any]:
-    """What `allocscope info --json` prints about the capture at path."""
-    cap = load(path)
+def summarize(cap: Capture) -> dict[str, Any]:
+    """What `allocscope info --json` prints about a capture."""
+    path = cap.path
     ev = cap.events
     lt = lifetimes(ev)
     live = live_bytes(ev, lt)
