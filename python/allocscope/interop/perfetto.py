@@ -15,7 +15,7 @@ import numpy as np
 from ..attribution.timeline import iterations, relative_time
 from ..capture.format import EventKind
 from ..capture.reader import Capture
-from ..reports.report import analyse
+from ..reports.analysis import analyse
 from ..reports.views import marks, timeline_view
 
 __all__ = ["export_perfetto", "to_trace_events"]

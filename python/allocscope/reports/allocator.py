@@ -1,5 +1,5 @@
 """The allocator's side of the report (docs/report.md, `allocator` and
-`oom`): the replayed state at the peak of reserved memory with its
+`oom`, built and rendered as text): the replayed state at the peak of reserved memory with its
 fragmentation, the post-mortem of an out-of-memory error, and the live
 blocks that pin fragmented segments, named by the attribution."""
 
@@ -13,16 +13,19 @@ from ..allocator.config import AllocatorConfig
 from ..allocator.fragmentation import figures, fragmented_segments, stranded
 from ..allocator.replay import OomRecord, Replay, replay
 from ..allocator.segments import SegmentInfo
-from ..capture.baselines import device_readings
 from ..allocator.sizes import allocation_size
 from ..allocator.whatif import candidates
 from ..attribution.categories import CATEGORIES, Attribution
 from ..attribution.timeline import bucket_peaks, moment
+from ..capture.baselines import device_readings
 from ..capture.format import EventKind
 from ..capture.reader import Capture
 from ..capture.stacks import site
+from ..common.units import format_bytes
+from .text import table
 
-__all__ = ["allocator_section", "block_rows", "oom_section", "pinning_blocks", "shortfall"]
+__all__ = ["allocator_lines", "allocator_section", "block_rows", "oom_lines", "oom_section", "pinning_blocks",
+           "shortfall"]
 
 
 def shortfall(o: OomRecord, config: AllocatorConfig) -> int | None:
@@ -161,3 +164,66 @@ def oom_section(cap: Capture, att: Attribution | None, rep: Replay, *, top: int 
         out["settings_tried"] = tried
     return out
 
+
+def allocator_lines(a: dict[str, Any] | None, top: int) -> list[str]:
+    """The text of the allocator section (build_report's "allocator"; none: no lines)."""
+    if not a:
+        return []
+    lines = ["", f"Allocator (settings: {a['settings']}), at the peak of reserved memory (event {a['state_at']}):"]
+    st = a.get("state")
+    if st:
+        lines += table([
+            ("reserved", format_bytes(st["reserved"]), f"{st['segments']} segments"),
+            ("allocated", format_bytes(st["allocated"]), f"of which rounding and unsplit remainders "
+             f"{format_bytes(st['internal_fragmentation'])}"),
+            ("cached free", format_bytes(st["cached_free"]), f"largest block {format_bytes(st['largest_free_block'])}, "
+             f"external fragmentation {st['external_fragmentation']:.1%}"),
+            ("unreleasable", format_bytes(st["unreleasable_free"]), f"free inside {st['fragmented_segments']} "
+             "segments that also hold live blocks (empty_cache cannot return it)"),
+            ("awaiting streams", format_bytes(st["pending_free"]), "freed, still in use by another stream"),
+        ], {1})
+        for seg in st["pinned_segments"][:3]:
+            lines.append(f"  segment {seg['address']:#x} ({format_bytes(seg['total_size'])}, {seg['pool']} pool): "
+                         f"{format_bytes(seg['free'])} free, pinned by {seg['live_blocks']} live block(s):")
+            for p in seg["pinned_by"][:3]:
+                what = " ".join(x for x in (p.get("category"), p.get("module"), p.get("tensor")) if x)
+                lines.append(f"    {format_bytes(p['size'])} {what or p['state']} {p.get('site') or ''}".rstrip())
+    rp = a.get("replay")
+    if rp:
+        verdict = "reproduced exactly" if rp["exact"] else \
+            f"NOT reproduced exactly ({rp['matched']} of {rp['recorded_segment_events']} segment events)"
+        lines.append(f"  replay of the allocator: {verdict}; see `allocscope simulate`")
+    return lines
+
+
+def oom_lines(o: dict[str, Any] | None, top: int) -> list[str]:
+    """The text of an OOM post-mortem (build_report's "oom"; none: no lines)."""
+    if not o:
+        return []
+    req = o["request"]
+    lines = ["", f"Out of memory at event {o['event']}: requested {format_bytes(req['size'])}"]
+    lines += [f"    {f}" for f in req["stack"][:5]]
+    if not o["reproduced_by_replay"]:
+        return lines + [f"  {o['note']}"]
+    al, dev = o["allocator"], o["device"]
+    rows = [("reserved", format_bytes(al["reserved"]), f"allocated {format_bytes(al['allocated'])}")]
+    if dev.get("outside_pytorch") is not None:
+        rows.append(("outside PyTorch", format_bytes(dev["outside_pytorch"]), "CUDA context, libraries, other processes"))
+    rows.append(("device free", format_bytes(dev["free_at_oom"]), f"of {format_bytes(dev['total'] or 0)}"
+                 + (f"; allowed {format_bytes(dev['allowed'])}" if dev.get("allowed") else "")))
+    lines += table(rows, {1})
+    unusable = {k: v for k, v in o["cached_unusable"].items() if v}
+    if unusable:
+        lines.append("  cached but unusable for this request: " + ", ".join(
+            f"{format_bytes(v)} {k.replace('_', ' ')}" for k, v in unusable.items()))
+    filled = (o.get("filled_by") or {}).get("categories") or {}
+    parts = [f"{c} {format_bytes(b)}" for c, b in sorted(filled.items(), key=lambda kv: -kv[1]) if b]
+    if parts:
+        lines.append("  filled by: " + ", ".join(parts))
+    if o.get("shortfall") is not None:
+        lines.append(f"  short by {format_bytes(o['shortfall'])}; empty_cache() would not have helped "
+                     "(torch had released every unsplit cached block)")
+    for t in o.get("settings_tried", []):
+        lines.append(f"  with {t['settings']}: {'would fit' if t['avoids_oom'] else 'still runs out'} "
+                     f"(peak reserved {format_bytes(t['peak_reserved'])})")
+    return lines

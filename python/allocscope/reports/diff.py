@@ -17,7 +17,8 @@ from ..attribution.categories import CATEGORIES
 from ..attribution.timeline import live_series
 from ..capture.reader import Capture
 from ..common.units import format_bytes
-from .report import Analysis, analyse, build_report
+from .analysis import Analysis, analyse
+from .report import build_report
 from .text import table
 
 __all__ = ["SCHEMA", "SECTIONS", "category_peaks", "diff", "diff_reports", "ratio_text", "render"]

@@ -20,14 +20,17 @@ from typing import Any
 
 import numpy as np
 
-from ..capture.baselines import device_readings, nccl_memory, outside_at_peak
 from ..attribution.categories import CATEGORIES, module_label
 from ..attribution.ops import op_names
+from ..capture.baselines import device_readings, nccl_memory, outside_at_peak
 from ..capture.format import EventKind
 from ..capture.reader import Capture
 from ..common.units import format_bytes
-from .report import analyse, build_report, oom_lines, waterfall_lines
+from .allocator import oom_lines
+from .analysis import analyse
+from .report import build_report
 from .scaling import FIXED_CATEGORIES, model_lines
+from .sections import waterfall_lines
 from .text import table
 
 __all__ = ["FIT_DOCUMENT", "FIT_SCHEMA", "FitDocument", "card_lines", "card_result", "caveats", "fit_document",

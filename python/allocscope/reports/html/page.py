@@ -19,26 +19,24 @@ import numpy as np
 
 from ..._version import __version__
 from ...allocator.fragmentation import figures
-from ...attribution.categories import module_label
 from ...attribution.timeline import relative_time
 from ...capture.format import EventKind
 from ...capture.reader import Capture
 from ...common.progress import Steps
+from ..analysis import Analysis, analyse
 from ..fit import card_result, searched_memory
-from ..report import Analysis, analyse, build_report
+from ..report import build_report
+from ..sections import REPORT_SECTIONS
 from ..views import leaks, marks, module_tree, segments_view, stack_tree, timeline_view
 
-__all__ = ["SCHEMA", "html_data", "render", "write_html"]
+__all__ = ["PAGE_ORDER", "SCHEMA", "html_data", "render", "write_html"]
 
 SCHEMA = "allocscope.html/1"
-MAX_ITERATIONS = 2000
 
-
-def _iterations(its: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    keep = ("iteration", "peak_allocated_bytes", "growth_bytes", "leaked_bytes")
-    if len(its) > MAX_ITERATIONS:  # evenly chosen, always with the first and the last
-        its = [its[int(i)] for i in np.linspace(0, len(its) - 1, MAX_ITERATIONS).astype(np.int64)]
-    return [{k: it[k] for k in keep} for it in its]
+# The page's data in the order it is written (the sections' parts and the
+# page's own views: the timeline, marks, OOMs), then the parts drawn last.
+PAGE_ORDER = ("capture", "focus", "focus_label", "peak_reserved", "theory", "gap", "measured", "timeline", "marks",
+              "ooms", "groups", "sites", "iterations", "warnings", "oom")
 
 
 def _allocator(report: dict[str, Any], an: Analysis, focus: int) -> dict[str, Any] | None:
@@ -80,23 +78,17 @@ def html_data(cap: Capture, *, at: str | None = None, top: int = 200, points: in
     step("drawing the timeline")
     ev = cap.events
     oom_idx = np.flatnonzero(ev.kind == EventKind.OOM)
-    data: dict[str, Any] = {
-        "schema": SCHEMA,
+    parts: dict[str, Any] = {
         "capture": report["capture"],
-        "focus": focus,
-        "focus_label": f"mark {at!r}" if at else "peak",
-        "peak_reserved": report.get("peak_reserved"),
-        "theory": report["theory"], "gap": report["gap"], "measured": report["measured"],
         "timeline": timeline_view(an.att, an.tl, points=points),
         "marks": marks(cap, an.att),
         "ooms": [{"event": int(i), "time_ns": relative_time(cap, int(i)), "size": int(ev.size[i] or ev.block[i])}
                  for i in oom_idx.tolist()],
-        "groups": [g | {"module": module_label(g["module"], report["module_classes"])} for g in focus["top"]],
-        "sites": report["sites"],
-        "iterations": _iterations(report["iterations"]),
-        "warnings": report["warnings"],
-        "oom": report.get("oom"),
     }
+    for section in REPORT_SECTIONS:
+        if section.page is not None:
+            parts.update(section.page(report))
+    data: dict[str, Any] = {"schema": SCHEMA, **{key: parts[key] for key in PAGE_ORDER}}
     fit = cap.metadata.get("fit")
     if isinstance(fit, dict) and fit.get("gpu"):  # a dry run of `allocscope fit`: its verdict first
         data["fit"] = card_result(str(fit["gpu"]), 0, cap, report=report) | {
