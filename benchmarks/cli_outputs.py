@@ -91,6 +91,7 @@ def _fit(out: pathlib.Path, failed: list[str]) -> None:
         text = f"[status {done.returncode}]\n{done.stdout}"
         text = text.replace(sys.executable, "PYTHON").replace(str(out), "OUT").replace(str(ROOT), "ROOT")
         text = re.sub(r"0x[0-9a-f]{6,}", "0xADDR", text)
+        text = re.sub(r'"address": \d+', '"address": ADDR', text)
         text = re.sub(r"\b\d+\.\d+ s\b", "T s", text)  # wall times
         text = re.sub(r'"(seconds|wall_s|elapsed_s)": [0-9.]+', r'"\1": T', text)
         (out / name).write_text(text)
