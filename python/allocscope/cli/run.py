@@ -6,7 +6,8 @@ import argparse
 import os
 import sys
 
-from .options import add_limit_arguments, add_values_arguments, add_world_arguments, limits_from, values_from, world_from
+from .options import (add_limit_arguments, add_values_arguments, add_world_arguments, limits_from, values_from,
+                      world_from)
 
 NAME = "run"
 HELP = "record a command (a Python script, torchrun, ...) into a capture file, on a GPU or a virtual one"

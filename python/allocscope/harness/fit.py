@@ -19,17 +19,14 @@ import time
 from typing import Any, Sequence
 
 from .. import vgpu
-from ..allocator.config import recorded_config
 from ..allocator.recorded import recorded_reserved
-from ..allocator.replay import replay
 from ..capture.format import EventKind
 from ..capture.reader import load
 from ..common.errors import InputError
 from ..recording.autostart import child_environment
 from ..recording.limits import ENV_LIMITS, Limits
 from ..recording.metadata import ENV_FIT
-from ..reports.allocator import shortfall
-from ..reports.fit import FIT_DOCUMENT, card_result, fit_document, search_document
+from ..reports.fit import FIT_DOCUMENT, fit_document, foreseen_result, run_result, search_document
 from ..reports.scaling import memory_model
 from .child import command_line, finished_outputs, outputs, wait_for
 from .console import RunConsole, log_path
@@ -220,24 +217,16 @@ class _Runs:
             stem, ext = os.path.splitext(path)
             written = [p for p in written if p == f"{stem}.rank{rank}{ext}"]
         cap = _card_process([load(p, salvage=True) for p in written]) if written else None
-        card = card_result(gpu, status, cap, capture_path=os.path.relpath(cap.path) if cap is not None else None,
-                           top=self.top)
-        if rank is not None:
-            card = {"rank": rank, **card}
-        if routing is not None:
-            card = {"routing": routing, **card}
+        card = run_result(gpu, status, cap, capture_path=os.path.relpath(cap.path) if cap is not None else None,
+                          top=self.top, value=value, routing=routing, rank=rank)
         self.console.end(label, card, time.monotonic() - started, log)
-        if value is None:
-            return card
-        self.ran[(gpu, value)] = card
-        return {"value": value, **card}
+        if value is not None:
+            self.ran[(gpu, value)] = card
+        return card
 
     def replayed(self, gpu: str, searched: list[str]) -> dict[int, dict[str, Any]]:
         """For a search: this card's results foreseen from the runs made on
-        larger cards of the same chip (searched already): a value that ran
-        out of memory there runs out here; one that fit is replayed with
-        this card's memory (the same requests in the same order: torch sees
-        the same device but for its memory)."""
+        larger cards of the same chip, searched already (reports.fit.foreseen_result)."""
         mine = _single_preset(gpu)
         if mine is None or self.gpu_memory is not None:  # (every card has the memory given)
             return {}
@@ -247,19 +236,9 @@ class _Runs:
         known: dict[int, dict[str, Any]] = {}
         for _, other in reversed(larger):  # the closest in memory last: its replays win
             for (g, value), card in self.ran.items():
-                if g != other:
-                    continue
-                if card["verdict"] == "out of memory":  # less memory runs out too
-                    known[value] = {"value": value, "verdict": "out of memory", "replayed_from": card["capture"]}
-                elif card["verdict"] == "fits" and card.get("capture"):
-                    cap = load(card["capture"])
-                    rep = replay(cap, recorded_config(cap.baseline("start"), cap.metadata), limit=mine.total_memory)
-                    outside = card.get("outside_allocator_bytes") or 0
-                    known[value] = {"value": value, "verdict": "out of memory" if rep.ooms else "fits",
-                                    "peak_reserved_bytes": rep.peak_reserved, "replayed_from": card["capture"],
-                                    "headroom_bytes": None if rep.ooms else
-                                    mine.total_memory - rep.peak_reserved - outside,
-                                    "shortfall_bytes": shortfall(rep.ooms[0], rep.config) if rep.ooms else None}
+                foreseeable = card["verdict"] == "out of memory" or card["verdict"] == "fits" and card.get("capture")
+                if g == other and foreseeable:
+                    known[value] = foreseen_result(value, card, mine.total_memory)
         if known:
             self.console.note(f"{len(known)} values on a virtual {gpu} foreseen from runs on "
                               f"{', '.join(g for _, g in larger)}")

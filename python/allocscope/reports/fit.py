@@ -20,13 +20,15 @@ from typing import Any
 
 import numpy as np
 
+from ..allocator.config import recorded_config
+from ..allocator.replay import replay
 from ..attribution.categories import CATEGORIES, module_label
 from ..attribution.ops import op_names
 from ..capture.baselines import device_readings, nccl_memory, outside_at_peak
 from ..capture.format import EventKind
-from ..capture.reader import Capture
+from ..capture.reader import Capture, load
 from ..common.units import format_bytes
-from .allocator import oom_lines
+from .allocator import oom_lines, shortfall
 from .analysis import analyse
 from .report import build_report
 from .scaling import FIXED_CATEGORIES, model_lines
@@ -34,7 +36,7 @@ from .sections import waterfall_lines
 from .text import table
 
 __all__ = ["FIT_DOCUMENT", "FIT_SCHEMA", "FitDocument", "card_lines", "card_result", "caveats", "fit_document",
-           "render_fit", "render_search", "search_document", "searched_memory"]
+           "foreseen_result", "render_fit", "render_search", "run_result", "search_document", "searched_memory"]
 
 FIT_SCHEMA = "allocscope.fit/1"
 # Where fit leaves its document, beside the captures (the HTML page of a
@@ -117,6 +119,32 @@ def card_result(gpu: str, status: int, cap: Capture | None, *, capture_path: str
         if an.replay is not None:
             out["max_split_size"] = an.replay.config.max_split_size
     return out
+
+
+def run_result(gpu: str, status: int, cap: Capture | None, *, capture_path: str | None, top: int,
+               value: int | None = None, routing: str | None = None, rank: int | None = None) -> dict[str, Any]:
+    """The entry of one run the harness made (harness/fit.py): card_result,
+    led by what the run was, where it was one of several on the card: the
+    searched value, the MoE routing, the rank of a job."""
+    lead = {k: v for k, v in (("value", value), ("routing", routing), ("rank", rank)) if v is not None}
+    return lead | card_result(gpu, status, cap, capture_path=capture_path, top=top)
+
+
+def foreseen_result(value: int, ran: dict[str, Any], total: int) -> dict[str, Any]:
+    """A searched value's entry on a card of `total` bytes, foreseen without
+    a run from the run `ran` made at that value on a larger card of the same
+    chip (the same requests in the same order: torch sees the same device
+    but for its memory): out of memory there is out of memory here; a run
+    that fit is replayed with this card's memory."""
+    if ran["verdict"] != "fits":
+        return {"value": value, "verdict": "out of memory", "replayed_from": ran["capture"]}
+    cap = load(ran["capture"])
+    rep = replay(cap, recorded_config(cap.baseline("start"), cap.metadata), limit=total)
+    outside = ran.get("outside_allocator_bytes") or 0
+    return {"value": value, "verdict": "out of memory" if rep.ooms else "fits",
+            "peak_reserved_bytes": rep.peak_reserved, "replayed_from": ran["capture"],
+            "headroom_bytes": None if rep.ooms else total - rep.peak_reserved - outside,
+            "shortfall_bytes": shortfall(rep.ooms[0], rep.config) if rep.ooms else None}
 
 
 def _largest_growing_request(att: Any) -> int | None:

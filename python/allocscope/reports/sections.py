@@ -175,9 +175,10 @@ def _page_iterations(r: Document) -> Document:
 def _text_sites(r: Document, top: int) -> list[str]:
     if not r["sites"]:
         return []
-    return ["", "Top allocation sites (live here, allocated in all):"] + table([("live", "allocated", "count", "site")] + [
-        (format_bytes(s["live_bytes"]), format_bytes(s["allocated_bytes"]), str(s["allocations"]), shorten(s["site"]))
-        for s in r["sites"][:top]], {0, 1, 2})
+    rows = [(format_bytes(s["live_bytes"]), format_bytes(s["allocated_bytes"]), str(s["allocations"]),
+             shorten(s["site"])) for s in r["sites"][:top]]
+    return ["", "Top allocation sites (live here, allocated in all):"] + table(
+        [("live", "allocated", "count", "site")] + rows, {0, 1, 2})
 
 
 def _text_ops(r: Document, top: int) -> list[str]:
