@@ -35,7 +35,12 @@ def test_one_line_per_run_and_no_bar_off_a_terminal(tmp_path):
     assert "out of memory, short by 512.00 MiB" in lines[2]
 
 
-def test_a_bar_on_a_terminal_is_drawn_and_cleared():
+def test_a_bar_on_a_terminal_is_drawn_and_cleared(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "40")  # the bar stays on one line of the terminal
+    out = Terminal()
+    RunConsole(2, stream=out).begin("a virtual T4-16GB with a long name")
+    assert max(len(part) for part in out.getvalue().split("\r")) == 39
+    monkeypatch.setenv("COLUMNS", "200")
     out = Terminal()
     console = RunConsole(2, stream=out)
     console.begin("a virtual T4-16GB")

@@ -10,6 +10,7 @@ passes it through instead, as `allocscope run` does."""
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from typing import Any, TextIO
 
@@ -94,10 +95,11 @@ class RunConsole:
         if not self._bar:
             return
         frac = min(1.0, self.done / self.expected)
-        text = f"\rallocscope fit [{'#' * int(frac * 24):<24}] {self.done} of {self.expected} runs at most"
+        text = f"allocscope fit [{'#' * int(frac * 24):<24}] {self.done} of {self.expected} runs at most"
         if where:
             text += f": running {where}"
-        self.stream.write(text[:200])
+        # one line, short of the terminal's width: \r cannot go back over a wrapped one
+        self.stream.write("\r" + text[:shutil.get_terminal_size().columns - 1])
         self.stream.flush()
         self._bar_drawn = True
 
