@@ -5,8 +5,10 @@ html/report.js's functions draw it. REPORT_SECTIONS lists them once, in the
 document's order; report.py walks them to build and to render, and
 html/page.py to fill the page.
 
-Adding a section: its Section here (build, text, page, html), its rows in
-docs/report.md, and, for the page, its drawing in html/report.js."""
+Adding a section: its Section here (build, text, page, html); its name in
+report.py's TEXT_ORDER where it has text and its page keys in html/page.py's
+PAGE_ORDER (tests/unit/test_report_sections.py fails until they are there);
+its rows in docs/report.md; for the page, its drawing in html/report.js."""
 
 from __future__ import annotations
 
