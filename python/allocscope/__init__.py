@@ -48,6 +48,10 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'allocscope' has no attribute {name!r}")
 
 
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
+
 def load_ipython_extension(ipython: object) -> None:
     """`%load_ext allocscope` in IPython or Jupyter: the %%allocscope cell
     magic (allocscope.harness.notebook)."""
