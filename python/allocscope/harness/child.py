@@ -96,14 +96,17 @@ def wait_for(cmd: list[str], env: dict[str, str], *, output_to_stderr: bool = Fa
     output_to_stderr: the child's standard output goes to our standard error
     (so that ours holds only what we print, e.g. JSON). log: both its
     outputs go to this file instead (overwritten)."""
+    out = open(log, "wb") if log is not None else None  # (an error here names the log, not the command)
     try:
-        if log is not None:
-            with open(log, "wb") as out:
-                child = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        if out is not None:
+            child = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         else:
             child = subprocess.Popen(cmd, env=env, stdout=sys.stderr if output_to_stderr else None)
     except OSError as e:
         raise InputError(f"cannot run {cmd[0]}: {e.strerror}") from None
+    finally:
+        if out is not None:
+            out.close()  # the child has its own copy
     # The terminal sends Ctrl-C to the child too; let it finish its capture.
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     forward = lambda signum, frame: child.send_signal(signum)  # noqa: E731
