@@ -39,7 +39,8 @@ def test_a_loop_past_max_events_stops_naming_the_loop_and_its_capture_is_finishe
                     sys.executable, str(script))
     assert p.returncode == LIMIT_STATUS, p.stderr
     (line,) = [ln for ln in p.stderr.splitlines() if "stopped" in ln]
-    assert "--max-events 5,000" in line and f"it was in decode ({script}:6)" in line
+    # where the watchdog found it: a line of the loop (which one depends on when it looked)
+    assert "--max-events 5,000" in line and any(f"it was in decode ({script}:{n})" in line for n in range(5, 9))
     cap = allocscope.load(capture)
     assert cap.complete and cap.footer["reason"] == "limit" and len(cap.events) > 5000
 
