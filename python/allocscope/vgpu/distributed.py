@@ -10,8 +10,8 @@ GPU:
   no peers: `all_gather_object` and `gather_object` give its own object in
   every slot, `broadcast_object_list` leaves its list as it passed it,
   `scatter_object_list` gives the entry of its own input list for its rank
-  (None without one). `recv_object_list` leaves the list as it was
-  everywhere (send_object_list is not carried).
+  (None without one), `recv_object_list` leaves the list as it was
+  (objects.py; a pipeline stage's peers send it their shapes that way).
 
 - One rank of a large job (ENV_WORLD, set by `allocscope run/fit
   --world-size`): the process is rank RANK of WORLD_SIZE as under torchrun,
@@ -26,6 +26,8 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 from typing import Any, Iterator
+
+from .objects import patch_object_calls
 
 __all__ = ["ENV_WORLD", "install"]
 
@@ -42,165 +44,10 @@ def install() -> None:
 
     if not dist.is_available():
         return
-    _patch_object_collectives()
+    patch_object_calls(alone=os.environ.get(ENV_WORLD) == "1")
     if os.environ.get(ENV_WORLD) == "1":
         _install_lone_rendezvous()
         _report_at_exit(os.environ.get("ALLOCSCOPE_WORLD_REPORT"))
-
-
-# ---- object collectives
-
-def _on_virtual_nccl(group: Any) -> bool:
-    import torch.distributed as dist
-
-    try:
-        return dist.get_backend(group) == "nccl"
-    except Exception:  # not initialized, or not a member: torch's own error
-        return False
-
-
-def _my_rank(group: Any) -> int:
-    import torch.distributed as dist
-
-    return dist.get_rank(group) if group is not None else dist.get_rank()
-
-
-class _Objects:
-    """Where the processes of a run are all there (torchrun on virtual
-    cards), object collectives exchange their pickled objects through the
-    run's own store (the one torch rendezvoused with), which every rank
-    reaches: each collective of a group has a number, the same in every rank
-    (ranks make a group's collectives in the same order, as torch requires).
-    A rank alone (ENV_WORLD) has no peers to hear from: None."""
-
-    def __init__(self) -> None:
-        self.counts: dict[str, int] = {}
-
-    @staticmethod
-    def available() -> "_Objects | None":
-        return None if os.environ.get(ENV_WORLD) == "1" else _objects
-
-    def key(self, group: Any) -> str:
-        import torch.distributed as dist
-
-        name = getattr(group if group is not None else dist.group.WORLD, "group_name", "default")
-        n = self.counts[name] = self.counts.get(name, -1) + 1
-        return f"allocscope/objects/{name}/{n}"
-
-    @staticmethod
-    def store() -> Any:
-        import torch.distributed.distributed_c10d as c10d
-
-        return c10d._get_default_store()
-
-
-_objects = _Objects()
-
-
-def _global_rank(group: Any, group_rank: int) -> int:
-    import torch.distributed as dist
-
-    return group_rank if group is None else dist.get_global_rank(group, group_rank)
-
-
-def _group_size(group: Any) -> int:
-    import torch.distributed as dist
-
-    return dist.get_world_size(group)
-
-
-def _patch_object_collectives() -> None:
-    import pickle
-
-    import torch.distributed as dist
-    import torch.distributed.distributed_c10d as c10d
-
-    if getattr(c10d, "_allocscope_patched", False):
-        return
-    original = {name: getattr(c10d, name) for name in
-                ("all_gather_object", "gather_object", "broadcast_object_list", "scatter_object_list",
-                 "recv_object_list")}
-
-    def source(group: Any, rank: int | None, group_rank: int | None) -> int:
-        """The group rank of a collective's source or destination."""
-        if group_rank is not None:
-            return group_rank
-        return dist.get_group_rank(group, rank) if group is not None and rank is not None else (rank or 0)
-
-    def all_gather_object(object_list: list, obj: Any, group: Any = None) -> None:
-        if not _on_virtual_nccl(group):
-            return original["all_gather_object"](object_list, obj, group)
-        # torch's own first (its allocations; the virtual NCCL puts this
-        # rank's object in every slot), then the others' where they run.
-        original["all_gather_object"](object_list, obj, group)
-        ex = _Objects.available()
-        if ex is not None:
-            key, store = ex.key(group), ex.store()
-            store.set(f"{key}/{_my_rank(group)}", pickle.dumps(obj))
-            for i in range(min(len(object_list), _group_size(group))):
-                object_list[i] = pickle.loads(store.get(f"{key}/{i}"))
-
-    def gather_object(obj: Any, object_gather_list: list | None = None, dst: int | None = None, group: Any = None,
-                      group_dst: int | None = None) -> None:
-        if not _on_virtual_nccl(group):
-            return original["gather_object"](obj, object_gather_list, dst, group, group_dst)
-        me, ex = _my_rank(group), _Objects.available()
-        if ex is not None:
-            key, store = ex.key(group), ex.store()
-            store.set(f"{key}/{me}", pickle.dumps(obj))
-            if me == source(group, dst, group_dst) and object_gather_list is not None:
-                for i in range(min(len(object_gather_list), _group_size(group))):
-                    object_gather_list[i] = pickle.loads(store.get(f"{key}/{i}"))
-        elif object_gather_list is not None:
-            for i in range(len(object_gather_list)):
-                object_gather_list[i] = obj
-
-    def broadcast_object_list(object_list: list, src: int | None = None, group: Any = None, device: Any = None,
-                              group_src: int | None = None) -> None:
-        if not _on_virtual_nccl(group):
-            return original["broadcast_object_list"](object_list, src, group, device, group_src)
-        root, me, ex = source(group, src, group_src), _my_rank(group), _Objects.available()
-        # As its own source: the source's allocations and collectives, and
-        # the list comes back as it went.
-        if group is None:
-            original["broadcast_object_list"](object_list, dist.get_rank(), None, device)
-        else:
-            original["broadcast_object_list"](object_list, None, group, device, me)
-        if ex is not None:
-            key, store = ex.key(group), ex.store()
-            if me == root:
-                store.set(key, pickle.dumps(list(object_list)))
-            else:
-                object_list[:] = pickle.loads(store.get(key))[:len(object_list)]
-
-    def scatter_object_list(scatter_object_output_list: list, scatter_object_input_list: list | None = None,
-                            src: int | None = None, group: Any = None, group_src: int | None = None) -> None:
-        if not _on_virtual_nccl(group):
-            return original["scatter_object_list"](scatter_object_output_list, scatter_object_input_list, src,
-                                                   group, group_src)
-        me, inputs, ex = _my_rank(group), scatter_object_input_list, _Objects.available()
-        if ex is not None:
-            key, store = ex.key(group), ex.store()
-            if me == source(group, src, group_src):
-                for i, item in enumerate(inputs or ()):
-                    store.set(f"{key}/{i}", pickle.dumps(item))
-            scatter_object_output_list[0] = pickle.loads(store.get(f"{key}/{me}"))
-        else:
-            scatter_object_output_list[0] = inputs[me] if inputs is not None and me < len(inputs) else None
-
-    def recv_object_list(object_list: list, src: int | None = None, group: Any = None, device: Any = None,
-                         group_src: int | None = None) -> int:
-        if not _on_virtual_nccl(group):
-            return original["recv_object_list"](object_list, src, group, device, group_src)
-        return src if src is not None else _global_rank(group, group_src or 0)
-
-    for f in (all_gather_object, gather_object, broadcast_object_list, scatter_object_list, recv_object_list):
-        f.__doc__ = original[f.__name__].__doc__
-        f.__wrapped__ = original[f.__name__]  # type: ignore[attr-defined]
-        setattr(c10d, f.__name__, f)
-        if getattr(dist, f.__name__, None) is original[f.__name__]:
-            setattr(dist, f.__name__, f)
-    c10d._allocscope_patched = True  # type: ignore[attr-defined]
 
 
 # ---- one rank alone
