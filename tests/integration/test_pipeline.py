@@ -35,8 +35,13 @@ def _allocscope(cwd, *args):
     return r
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", pytest.param("1f1b", marks=pytest.mark.heavy)])
-def test_two_stages_record_replay_exactly_and_peak_where_torch_says(tmp_path, schedule):
+SCHEDULES = ["gpipe", "interleaved1f1b"] + [pytest.param(s, marks=pytest.mark.heavy) for s in (
+    "1f1b", "loopedbfs", "interleavedzb", "zbv", "dualpipev")]
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_stages_record_replay_exactly_and_peak_where_torch_says(tmp_path, schedule):
+    """Two ranks: one stage each (gpipe, 1f1b) or two (the looped and V-shaped schedules)."""
     out = tmp_path / "out"
     out.mkdir()
     _allocscope(tmp_path, "run", "--gpu", "2xH100-80GB", "-o", str(tmp_path / "pp.alsc"), "--", sys.executable,
@@ -47,11 +52,12 @@ def test_two_stages_record_replay_exactly_and_peak_where_torch_says(tmp_path, sc
         cap = allocscope.load(tmp_path / f"pp.rank{rank}.alsc")
         rep = assert_exact(cap)
         assert int(recorded_reserved(cap).max()) == said["max_memory_reserved"] == rep.peak_reserved
-        assert said["optimizer_states"] == 4  # both stages ran their backward and their step
+        assert said["optimizer_states"] == 4 * len(said["stages"])  # every stage ran its backward and its step
+        # every stage but the first built its input buffers from its sender's shapes (microbatches of 256
+        # rows), which reached it through the objects
+        assert said["received"] == [[256, 1024]] * len([s for s in said["stages"] if s != 0])
         peaks.append(said["max_memory_reserved"])
-    # the second stage's input buffers from the first's shapes (microbatches of 256 rows), through the objects
-    assert json.loads((out / "rank1.json").read_text())["received"] == [[256, 1024]]
-    assert peaks[0] > peaks[1]  # the first stage is four times as wide
+    assert peaks[0] > peaks[1]  # rank 0 holds the first stage, four times as wide
 
 
 def test_the_object_calls_take_every_argument_torchs_own_take(tmp_path):

@@ -1,11 +1,14 @@
-"""A two-stage (or N-stage) pipeline with torch.distributed.pipelining, one
-stage per rank, unmodified for allocscope: run under torchrun. Backend nccl.
+"""A pipeline with torch.distributed.pipelining, unmodified for allocscope:
+run under torchrun. Backend nccl.
 
-    pipeline.py SCHEDULE OUT_DIR      (SCHEDULE: gpipe, 1f1b)
+    pipeline.py SCHEDULE OUT_DIR
 
+SCHEDULE: gpipe, 1f1b (one stage per rank); interleaved1f1b, loopedbfs,
+interleavedzb (two stages per rank, looped: rank r holds stages r and
+r + world); zbv, dualpipev (two per rank, in a V: r and 2 world - 1 - r).
 Stage 0 is four times as wide as the others. Each rank writes
-OUT_DIR/rankN.json with torch's own peaks and the shapes its stage received
-(the metadata the stages exchange with send_object_list/recv_object_list)."""
+OUT_DIR/rankN.json with torch's own peaks and the shapes its stages received
+(the metadata stages exchange with send_object_list/recv_object_list)."""
 
 import json
 import os
@@ -13,7 +16,13 @@ import sys
 
 import torch
 import torch.distributed as dist
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+import torch.distributed.pipelining as pipelining
+from torch.distributed.pipelining import PipelineStage
+
+SINGLE = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}
+LOOPED = {"interleaved1f1b": "ScheduleInterleaved1F1B", "loopedbfs": "ScheduleLoopedBFS",
+          "interleavedzb": "ScheduleInterleavedZeroBubble"}
+V_SHAPED = {"zbv": "ScheduleZBVZeroBubble", "dualpipev": "ScheduleDualPipeV"}
 
 schedule, out_dir = sys.argv[1], sys.argv[2]
 dist.init_process_group("nccl")
@@ -21,29 +30,41 @@ rank, world = dist.get_rank(), dist.get_world_size()
 torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
 device = torch.device("cuda")
 torch.manual_seed(0)
-hidden = 8192 if rank == 0 else 2048
-module = torch.nn.Sequential(torch.nn.Linear(1024, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 1024)).to(device)
+if schedule in SINGLE:
+    stage_ids = [rank]
+elif schedule in LOOPED:
+    stage_ids = [rank, rank + world]
+else:
+    stage_ids = [rank, 2 * world - 1 - rank]
+n_stages = world * len(stage_ids)
+
+
+def block(stage_id):
+    hidden = 8192 if stage_id == 0 else 2048
+    return torch.nn.Sequential(torch.nn.Linear(1024, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 1024)).to(device)
+
+
+modules = [block(s) for s in stage_ids]
+stages = [PipelineStage(m, s, n_stages, device) for m, s in zip(modules, stage_ids)]
 microbatches, rows = 4, 256
-stage = PipelineStage(module, rank, world, device)
-last = rank == world - 1
+cls = getattr(pipelining, {**SINGLE, **LOOPED, **V_SHAPED}[schedule])
 # (every rank passes the loss, as torch's docs do: a schedule without one runs no backward)
-runner = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule](
-    stage, n_microbatches=microbatches, loss_fn=lambda out, target: torch.nn.functional.mse_loss(out, target))
-optimizer = torch.optim.AdamW(module.parameters())
-x = torch.randn(microbatches * rows, 1024, device=device) if rank == 0 else None
+runner = cls(stages[0] if schedule in SINGLE else stages, n_microbatches=microbatches,
+             loss_fn=lambda out, target: torch.nn.functional.mse_loss(out, target))
+optimizer = torch.optim.AdamW([p for m in modules for p in m.parameters()])
+first, last = 0 in stage_ids, n_stages - 1 in stage_ids
+x = torch.randn(microbatches * rows, 1024, device=device) if first else None
 y = torch.randn(microbatches * rows, 1024, device=device) if last else None
 for _ in range(2):
-    if rank == 0:
-        runner.step(x)
-    elif last:
-        runner.step(target=y, losses=[])
-    else:
-        runner.step()
+    args = (x,) if first else ()
+    kwargs = {"target": y, "losses": []} if last else {}
+    runner.step(*args, **kwargs)
     optimizer.step()
     optimizer.zero_grad()
-received = [list(info.buffer.shape) for info in stage.args_recv_info[0] if getattr(info, "buffer", None) is not None]
+received = [list(info.buffer.shape) for stage in stages for info in stage.args_recv_info.get(0, ())
+            if getattr(info, "buffer", None) is not None]
 with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-    json.dump({"rank": rank, "max_memory_reserved": torch.cuda.max_memory_reserved(),
+    json.dump({"rank": rank, "stages": stage_ids, "max_memory_reserved": torch.cuda.max_memory_reserved(),
                "max_memory_allocated": torch.cuda.max_memory_allocated(), "received": received,
                "optimizer_states": len(optimizer.state)}, f)
 dist.destroy_process_group()
