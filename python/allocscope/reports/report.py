@@ -13,7 +13,7 @@ from ..common.errors import InputError
 from ..common.units import format_bytes
 from .analysis import REPLAY_BUDGET, Analysis, MarkNotFound, StepsNotFound, analyse, find_mark, step_window
 from .allocator import oom_lines
-from .sections import REPORT_SECTIONS, Scope, waterfall_lines
+from .sections import REPORT_SECTIONS, Scope, peak_of, waterfall_lines
 
 __all__ = ["SCHEMA", "Analysis", "MarkNotFound", "StepsNotFound", "TEXT_ORDER", "analyse", "build_report",
            "find_mark", "oom_lines", "render", "step_window", "waterfall_lines"]
@@ -78,9 +78,8 @@ def build_report(cap: Capture, *, at: str | None = None, steps: tuple[int, int] 
         out["capture"]["partial"]["from_event"] = int(cap.resumed["events"])
     if steps is not None:
         out["steps"] = {"first": steps[0], "last": steps[1], "first_event": lo, "last_event": hi}
-    scope = Scope(cap, an, at, steps, window, top, peak=0, focus=0)
-    scope.peak = scope.peak_of(an.tl.allocated)
-    scope.focus = scope.peak if at is None else find_mark(cap, at)
+    peak = peak_of(an.tl.allocated, window)
+    scope = Scope(cap, an, at, steps, window, top, peak=peak, focus=peak if at is None else find_mark(cap, at))
     for section in REPORT_SECTIONS:
         out.update(section.build(scope, out))
     if cap.resumed:

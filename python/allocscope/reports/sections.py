@@ -28,9 +28,17 @@ from .allocator import allocator_lines, allocator_section, oom_lines, oom_sectio
 from .analysis import Analysis
 from .text import shorten, table
 
-__all__ = ["MAX_PAGE_ITERATIONS", "REPORT_SECTIONS", "Scope", "Section", "waterfall_lines"]
+__all__ = ["MAX_PAGE_ITERATIONS", "REPORT_SECTIONS", "Scope", "Section", "peak_of", "waterfall_lines"]
 
 MAX_PAGE_ITERATIONS = 2000
+
+
+def peak_of(series: np.ndarray, window: tuple[int, int] | None) -> int:
+    """The first event where a timeline's series is highest (-1: the start), in the window if any."""
+    if window is None:
+        return int(np.argmax(series)) - 1
+    lo, hi = window
+    return lo + int(np.argmax(series[lo + 1:hi + 2]))
 
 
 @dataclasses.dataclass
@@ -49,11 +57,7 @@ class Scope:
     focus: int
 
     def peak_of(self, series: np.ndarray) -> int:
-        """The first event where the series is highest (-1: the start), in the window if any."""
-        if self.window is None:
-            return int(np.argmax(series)) - 1
-        lo, hi = self.window
-        return lo + int(np.argmax(series[lo + 1:hi + 2]))
+        return peak_of(series, self.window)
 
     @functools.cached_property
     def focus_moment(self) -> Moment:
