@@ -7,7 +7,6 @@ GPU's stand-ins, NCCL's included."""
 import glob
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -17,24 +16,11 @@ from allocscope.allocator.recorded import recorded_reserved
 
 from ..conftest import ROOT
 from ..replay import assert_exact
+from ..support.many_gpus import MARKS, allocscope_cli
 
 SCRIPT = os.path.join(ROOT, "tests", "scripts", "dist_train.py")
 
-pytestmark = [
-    pytest.mark.cuda,
-    pytest.mark.many_gpus,
-    pytest.mark.skipif(not allocscope.vgpu.available(), reason="built without the virtual GPU"),
-    pytest.mark.skipif(not os.path.exists(os.path.join(allocscope.vgpu.LIB_DIR, "libnccl.so.2")),
-                       reason="built without nccl.h: the virtual GPU has no NCCL"),
-]
-
-
-def allocscope_cli(tmp_path, *args, check=True):
-    r = subprocess.run([sys.executable, "-m", "allocscope", *args], capture_output=True, text=True, timeout=300,
-                       cwd=tmp_path)
-    if check:
-        assert r.returncode == 0, r.stderr[-3000:]
-    return r
+pytestmark = MARKS
 
 
 def torchrun(tmp_path, mode, cards, name):

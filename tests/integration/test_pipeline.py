@@ -6,7 +6,6 @@ where torch says, as the model's split says."""
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -16,24 +15,11 @@ from allocscope.allocator.recorded import recorded_reserved
 
 from ..conftest import ROOT
 from ..replay import assert_exact
+from ..support.many_gpus import MARKS, allocscope_cli
 
 SCRIPT = os.path.join(ROOT, "tests", "scripts", "pipeline.py")
 
-pytestmark = [
-    pytest.mark.cuda,
-    pytest.mark.many_gpus,
-    pytest.mark.skipif(not allocscope.vgpu.available(), reason="built without the virtual GPU"),
-    pytest.mark.skipif(not os.path.exists(os.path.join(allocscope.vgpu.LIB_DIR, "libnccl.so.2")),
-                       reason="built without nccl.h: the virtual GPU has no NCCL"),
-]
-
-
-def _allocscope(cwd, *args):
-    r = subprocess.run([sys.executable, "-m", "allocscope", *args], capture_output=True, text=True, timeout=300,
-                       cwd=cwd)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return r
-
+pytestmark = MARKS
 
 SCHEDULES = ["gpipe", "interleaved1f1b"] + [pytest.param(s, marks=pytest.mark.heavy) for s in (
     "1f1b", "loopedbfs", "interleavedzb", "zbv", "dualpipev")]
@@ -44,7 +30,7 @@ def test_stages_record_replay_exactly_and_peak_where_torch_says(tmp_path, schedu
     """Two ranks: one stage each (gpipe, 1f1b) or two (the looped and V-shaped schedules)."""
     out = tmp_path / "out"
     out.mkdir()
-    _allocscope(tmp_path, "run", "--gpu", "2xH100-80GB", "-o", str(tmp_path / "pp.alsc"), "--", sys.executable,
+    allocscope_cli(tmp_path, "run", "--gpu", "2xH100-80GB", "-o", str(tmp_path / "pp.alsc"), "--", sys.executable,
                 "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", SCRIPT, schedule, str(out))
     peaks = []
     for rank in (0, 1):
@@ -78,5 +64,5 @@ def test_the_object_calls_take_every_argument_torchs_own_take(tmp_path):
             "        raise\n"
             "    except Exception as e:\n"
             "        print(name, type(e).__name__)\n")
-    r = _allocscope(tmp_path, "run", "--gpu", "H100-80GB", "--no-record", "--", sys.executable, "-c", code)
+    r = allocscope_cli(tmp_path, "run", "--gpu", "H100-80GB", "--no-record", "--", sys.executable, "-c", code)
     assert len(r.stdout.splitlines()) == 6, r.stdout  # each ended in torch's own error, none in a TypeError
