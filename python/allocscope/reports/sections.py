@@ -56,9 +56,6 @@ class Scope:
     peak: int
     focus: int
 
-    def peak_of(self, series: np.ndarray) -> int:
-        return peak_of(series, self.window)
-
     @functools.cached_property
     def focus_moment(self) -> Moment:
         return moment(self.an.att, self.focus, self.an.tl, self.top)
@@ -90,7 +87,7 @@ def _build_moments(s: Scope, doc: Document) -> Document:
     if s.at is not None:
         out["at"] = s.focus_moment.to_json() | {"label": s.at}
     if tl.reserved is not None:
-        out["peak_reserved"] = moment(att, s.peak_of(tl.reserved), tl, s.top).to_json()
+        out["peak_reserved"] = moment(att, peak_of(tl.reserved, s.window), tl, s.top).to_json()
     return out
 
 
