@@ -29,6 +29,10 @@ On a machine with a GPU and torch preinstalled (allocscope built in place):
      with backend nccl under torchrun, on the card and on the virtual GPU:
      torch's peaks, device used, and NCCL's own memory as ncclCommMemStats
      reports it (the virtual NCCL's model, docs/vgpu.md, against the card);
+     and tests/scripts/nccl_stages.py: the device memory outside the
+     allocator after each kind of NCCL call (first collective, all-to-all,
+     point-to-point, a 3-D mesh's sub-communicators), for NCCLs without
+     ncclCommMemStats;
   8. summary.json: what ran, how long, its exit status.
 Each step runs in its own process with a time limit; a failing step does not
 stop the others. --deadline (a Unix time) cuts every step's limit so that the
@@ -311,7 +315,7 @@ def measure(summary: list, out: str, python: str, real_env: dict, machine: dict,
     # NCCL: one rank with backend nccl on the card, and the same on the virtual GPU
     if wanted("nccl"):
         nccl: dict = {}
-        for mode in ("ddp", "fsdp2"):
+        for mode in ("ddp", "fsdp2", "stages"):
             sides = {}
             for side, env, prefix in (("real", real_env, []),
                                       ("virtual", dict(os.environ),
@@ -319,8 +323,10 @@ def measure(summary: list, out: str, python: str, real_env: dict, machine: dict,
                                         str(machine["mem_get_info_total"]), "--no-record", "--"])):
                 folder = os.path.join(out, "nccl", side, mode)
                 os.makedirs(folder, exist_ok=True)
+                # stages: NCCL's memory outside the allocator after each kind of call (tests/scripts/nccl_stages.py)
+                script = ["tests/scripts/nccl_stages.py"] if mode == "stages" else ["tests/scripts/dist_train.py", mode]
                 cmd = prefix + [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
-                                "tests/scripts/dist_train.py", mode, folder]
+                                *script, folder]
                 if virtual and side == "real":
                     cmd = [python, "-m", "allocscope", "run", "--gpu", "H100-80GB", "--no-record", "--", *cmd]
                 step(summary, f"nccl_{mode}_{side}", cmd, out, 300, env)
