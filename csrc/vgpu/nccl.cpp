@@ -39,17 +39,46 @@
 namespace {
 
 constexpr uint64_t kMiB = 1ull << 20;
+// NCCL allocates its device memory with cuMem in 2 MiB granules: an
+// allocation of 4 B takes 2 MiB (NCCL_DEBUG_SUBSYS=ALLOC on an H100, NCCL
+// 2.28.9: consecutive pointers 0x200000 apart; NVIDIA/nccl#1685).
+constexpr uint64_t kGranule = 2 * kMiB;
+// A communicator's channels at its initialisation, of any size, one rank
+// included: three allocations per channel (src/channel.cc initChannel: the
+// shared devPeers, the channel's devPeers, devRingUserRanks) and two for the
+// communicator (src/init.cc): (3 x 64 + 2) granules for a communicator of one
+// rank on an H100, measured (tests/data/nccl_stages_h100.json). They are
+// given back when it is destroyed, not when it is suspended.
+constexpr uint64_t kChannelAllocations = 3;
+constexpr uint64_t kCommAllocations = 2;
+// A communicator of one rank opens NCCL's most channels (MAXCHANNELS).
+constexpr int kMaxChannels = 64;
+// NCCL's kernels, loaded by the process's first communicator on a device and
+// kept until the process ends (its init timings' "kernels"; the same with
+// CUDA_MODULE_LOADING=EAGER): 184,549,376 B on an H100 with NCCL 2.28.9.
+constexpr uint64_t kKernelBytes = 88 * kGranule;
 // One connection's receive buffers with NCCL's default protocol sizes
 // (NVIDIA/nccl src/init.cc, NCCL_BUFFSIZE / NCCL_LL_BUFFSIZE /
 // NCCL_LL128_BUFFSIZE defaults: Simple 4 MiB + LL 512 KiB + LL128 ~4.69 MiB),
 // allocated in 2 MiB units: 10 MiB.
 constexpr uint64_t kConnectionBytes = 10 * kMiB;
-// A peer-to-peer connection (send/recv, all-to-all): the Simple protocol's
-// buffer on each of its channels (NCCL_NCHANNELS_PER_PEER defaults to 2).
-constexpr uint64_t kP2pBytesPerPeer = 2 * 4 * kMiB;
+// A point-to-point peer (send/recv, all-to-all): on every channel, one
+// connection's buffers and its send and receive structures, a granule each:
+// 8 x H100 all-to-all grew by 3.28 GB = 7 peers x 32 channels x 14 MiB at the
+// first all_to_all_single (NVIDIA/nccl#1685, whose ALLOC log shows 10 MiB and
+// 2 MiB allocations and 32 channels per pair).
+constexpr uint64_t kP2pBytesPerChannel = kConnectionBytes + 2 * kGranule;
 // NVLink SHARP buffers on Hopper with more than two local ranks
 // (nvlsPerRankSize, 301,989,888 B; NCCL_NVLS_ENABLE=0 turns NVLS off).
 constexpr uint64_t kNvlsBytes = 288 * kMiB;
+
+int channel_cap(int n) {
+  if (const char* cap = std::getenv("NCCL_MAX_NCHANNELS")) {
+    int c = std::atoi(cap);
+    if (c > 0 && c < n) n = c;
+  }
+  return n;
+}
 
 // Channels NCCL opens on a card of this kind: its topology search finds the
 // ring's channels (12 on an A100 NVSwitch node, 16 with Hopper's NVLink 4) and
@@ -62,11 +91,13 @@ int channels(int device) {
   if (d != nullptr && d->preset->major >= 9) n = 32;
   else if (d != nullptr && d->preset->major == 8 && d->preset->sms >= 100) n = 24;  // A100 (SXM, NVLink)
   else if (d != nullptr && d->preset->major == 7 && d->preset->sms >= 80) n = 12;   // V100 SXM2
-  if (const char* cap = std::getenv("NCCL_MAX_NCHANNELS")) {
-    int c = std::atoi(cap);
-    if (c > 0 && c < n) n = c;
-  }
-  return n;
+  return channel_cap(n);
+}
+
+// What a communicator allocates at its initialisation.
+uint64_t channel_state_bytes(int device, int nranks) {
+  int n = nranks == 1 ? channel_cap(kMaxChannels) : channels(device);
+  return (kChannelAllocations * n + kCommAllocations) * kGranule;
 }
 
 bool nvls_enabled(int device, int nranks) {
@@ -107,8 +138,10 @@ struct ncclComm {
   uint64_t splits = 0;
   bool collectives_connected = false;
   std::set<int> p2p_peers;
-  std::vector<void*> buffers;  // NCCL's own device memory
+  std::vector<void*> buffers;  // NCCL's connections: given back when suspended
   uint64_t bytes = 0;
+  std::vector<void*> persistent;  // the channels' state: given back when destroyed
+  uint64_t persistent_bytes = 0;
   bool suspended = false;
   bool destroyed = false;
 };
@@ -128,13 +161,27 @@ bool valid(ncclComm* c) {
   return c != nullptr && comms.count(c) != 0 && !c->destroyed;
 }
 
-ncclResult_t take(ncclComm* c, uint64_t bytes) {
+ncclResult_t take(ncclComm* c, uint64_t bytes, bool persistent = false) {
   void* p = nullptr;
   if (vgpu::malloc_nccl(c->device, bytes, &p) != vgpu::Result::kOk) {
     return fail(ncclUnhandledCudaError, "Cuda failure 'out of memory' (NCCL's buffers on the virtual GPU)");
   }
-  c->buffers.push_back(p);
-  c->bytes += bytes;
+  (persistent ? c->persistent : c->buffers).push_back(p);
+  (persistent ? c->persistent_bytes : c->bytes) += bytes;
+  return ncclSuccess;
+}
+
+// NCCL's kernels, once per device in the process (never given back).
+ncclResult_t load_kernels(int device) {
+  static std::set<int> loaded;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!loaded.insert(device).second) return ncclSuccess;
+  }
+  void* p = nullptr;
+  if (vgpu::malloc_nccl(device, kKernelBytes, &p) != vgpu::Result::kOk) {
+    return fail(ncclUnhandledCudaError, "Cuda failure 'out of memory' (NCCL's kernels on the virtual GPU)");
+  }
   return ncclSuccess;
 }
 
@@ -158,7 +205,7 @@ ncclResult_t connect_collectives(ncclComm* c) {
 
 ncclResult_t connect_peer(ncclComm* c, int peer) {
   if (peer == c->rank || c->nranks < 2 || !c->p2p_peers.insert(peer).second) return ncclSuccess;
-  return take(c, kP2pBytesPerPeer);
+  return take(c, channels(c->device) * kP2pBytesPerChannel);
 }
 
 ncclResult_t enqueue(ncclComm* c, cudaStream_t stream) {
@@ -193,6 +240,13 @@ ncclResult_t new_comm(ncclComm_t* out, int nranks, int rank, int device, uint64_
   if (nranks < 1 || rank < 0 || rank >= nranks) return fail(ncclInvalidArgument, "invalid rank or size");
   if (vgpu::create_context(device) != vgpu::Result::kOk) return fail(ncclUnhandledCudaError, "no such device");
   auto* c = new ncclComm{nranks, rank, device, id};
+  ncclResult_t r = load_kernels(device);
+  if (r == ncclSuccess) r = take(c, channel_state_bytes(device, nranks), true);
+  if (r != ncclSuccess) {  // out of memory at initialisation: no communicator
+    for (void* p : c->persistent) vgpu::free_device(p);
+    delete c;
+    return r;
+  }
   std::lock_guard<std::mutex> lock(mu);
   comms.insert(c);
   *out = c;
@@ -294,6 +348,9 @@ API ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   if (comm == nullptr) return ncclSuccess;
   if (!valid(comm)) return ncclInvalidArgument;
   release(comm);
+  for (void* p : comm->persistent) vgpu::free_device(p);
+  comm->persistent.clear();
+  comm->persistent_bytes = 0;
   std::lock_guard<std::mutex> lock(mu);
   comm->destroyed = true;  // the handle stays invalid, never reused
   comms.erase(comm);
@@ -502,8 +559,8 @@ API ncclResult_t ncclCommMemStats(ncclComm_t comm, ncclCommMemStat_t stat, uint6
   switch (stat) {
     case ncclStatGpuMemSuspend: *value = comm->bytes; break;  // connection buffers can be suspended
     case ncclStatGpuMemSuspended: *value = comm->suspended ? 1 : 0; break;
-    case ncclStatGpuMemPersist: *value = 0; break;
-    case ncclStatGpuMemTotal: *value = comm->bytes; break;
+    case ncclStatGpuMemPersist: *value = comm->persistent_bytes; break;
+    case ncclStatGpuMemTotal: *value = comm->bytes + comm->persistent_bytes; break;
     default: return ncclInvalidArgument;
   }
   return ncclSuccess;
