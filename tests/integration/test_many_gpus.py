@@ -94,6 +94,25 @@ def test_hsdp_and_fsdp1_alone_have_the_peaks_of_four_processes(tmp_path, mode, r
     assert torch_says(by_itself, rank)["peaks"] == torch_says(together, rank)["peaks"]
 
 
+def test_sequence_parallel_and_fsdp2_x_tp_ranks_together_and_alone_peak_as_all_four_processes(tmp_path):
+    """TP with sequence parallel on 4 ranks, then FSDP2 x TP on a 2 x 2 mesh: the four ranks run together as
+    ranks of a world of 4 (--ranks 0-3), and rank 3 alone, have each mode's peaks of the same rank among four
+    processes under torchrun, and their captures replay exactly."""
+    everyone = torchrun(tmp_path, "tpsp,fsdp2tp", 4, "all")
+    together = tmp_path / "together-out"
+    together.mkdir()
+    allocscope_cli(tmp_path, "run", "--gpu", "H100-80GB", "--world-size", "4", "--ranks", "0-3",
+                   "-o", str(tmp_path / "together.alsc"), "--", SCRIPT, "tpsp,fsdp2tp", str(together))
+    by_itself = alone(tmp_path, "tpsp,fsdp2tp", 4, 3, "alone")
+    for rank in range(4):
+        peaks = torch_says(everyone, rank)["peaks"]
+        assert set(peaks) == {"tpsp", "fsdp2tp"}
+        assert torch_says(together, rank)["peaks"] == peaks
+        cap = allocscope.load(tmp_path / f"together.rank{rank}.alsc")
+        assert int(recorded_reserved(cap).max()) == assert_exact(cap).peak_reserved
+    assert torch_says(by_itself, 3)["peaks"] == torch_says(everyone, 3)["peaks"]
+
+
 def test_a_rank_alone_of_a_thousand_runs_fsdp2_with_the_smallest_shards(tmp_path):
     small = torch_says(alone(tmp_path, "fsdp2", 1024, 1023, "big"), 1023)
     large = torch_says(alone(tmp_path, "fsdp2", 2, 1, "small"), 1)
@@ -178,6 +197,11 @@ def test_fit_over_ranks_gives_each_rank_and_the_job_a_verdict(tmp_path):
     (["--world-size", "0"], "--world-size must be between 1"),
     (["--world-size", "4", "--rank", "4"], "rank 4 is outside a world of 4"),
     (["--rank", "1"], "give --world-size too"),
+    (["--ranks", "0,1"], "give --world-size too"),
+    (["--world-size", "8", "--rank", "0", "--ranks", "0,4"], "give one of them"),
+    (["--world-size", "8", "--ranks", "0,x"], "'x' is not a rank"),
+    (["--world-size", "8", "--ranks", "0,8"], "rank 8 is outside a world of 8"),
+    (["--world-size", "1024", "--ranks", "0:1024:8"], "at most 64 ranks together"),
     (["--world-size", "2", "--gpu", "2xH100-80GB"], "give one model"),
 ])
 def test_bad_world_arguments_are_one_line_errors(tmp_path, args, message):

@@ -66,3 +66,30 @@ def test_the_object_calls_take_every_argument_torchs_own_take(tmp_path):
             "        print(name, type(e).__name__)\n")
     r = allocscope_cli(tmp_path, "run", "--gpu", "H100-80GB", "--no-record", "--", sys.executable, "-c", code)
     assert len(r.stdout.splitlines()) == 6, r.stdout  # each ended in torch's own error, none in a TypeError
+
+
+def test_one_rank_per_stage_of_a_job_of_64_together_peaks_as_the_stages_of_a_4_process_pipeline(tmp_path):
+    """A job of 64 ranks on a ("pp", "dp") mesh of 4 x 16: its four stages' first ranks run together under fit
+    (--ranks 0:64:16), the 60 others faked; each peaks as the same stage of a 4-process pipeline with the same
+    stage shapes, received its input's shape from the stage before it (through the objects), and is named by
+    its role; the job's verdict is its worst rank's."""
+    four, job = tmp_path / "four", tmp_path / "job"
+    four.mkdir()
+    job.mkdir()
+    allocscope_cli(tmp_path, "run", "--gpu", "4xH100-80GB", "--no-record", "--", sys.executable, "-m",
+                   "torch.distributed.run", "--standalone", "--nproc-per-node", "4", SCRIPT, "gpipe", str(four), "4")
+    r = allocscope_cli(tmp_path, "fit", "--gpu", "H100-80GB", "--world-size", "64", "--ranks", "0:64:16", "--json",
+                       "-o", str(tmp_path / "fit"), "--", SCRIPT, "gpipe", str(job), "4")
+    doc = json.loads(r.stdout)
+    cards = {c["rank"]: c for c in doc["cards"]}
+    assert sorted(cards) == [0, 16, 32, 48] and doc["world_size"] == 64
+    for stage, rank in enumerate((0, 16, 32, 48)):
+        alone_of_four = json.loads((four / f"rank{stage}.json").read_text())
+        said = json.loads((job / f"rank{rank}.json").read_text())
+        assert said["stages"] == [stage] and said["received"] == ([[256, 1024]] if stage else [])
+        assert said["max_memory_reserved"] == alone_of_four["max_memory_reserved"] == cards[rank]["peak_reserved_bytes"]
+        assert cards[rank]["role"] == f"stage {stage} of 4; pp {stage}/4, dp 0/16"
+    assert cards[0]["peak_reserved_bytes"] > cards[48]["peak_reserved_bytes"]  # the first stage is the widest
+    (jobs,) = doc["jobs"]
+    worst = min(doc["cards"], key=lambda c: c["headroom_bytes"])
+    assert jobs["worst_rank"] == worst["rank"] and jobs["worst_role"] == worst["role"]

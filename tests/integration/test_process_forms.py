@@ -194,7 +194,7 @@ HOOK = textwrap.dedent("""\
     assert seen == [True], seen  # once, after torch's module ran
     after_torch_import(lambda: seen.append("later"))  # torch loaded: at once
     assert seen == [True, "later"]
-    assert not any(type(f).__name__ == "_TorchImportHook" for f in sys.meta_path)
+    assert not any(type(f).__name__ == "_ImportHook" for f in sys.meta_path)
     print("ok")
 """)
 

@@ -4,7 +4,10 @@ torchrun, or as one rank alone (allocscope run --world-size). Backend nccl.
     dist_train.py MODE[,MODE...] OUT_DIR
 
 Modes run one after the other in the process. MODE: ddp, fsdp1, fsdp2, hsdp (FSDP2 on a 2 x N/2 mesh: replicate x shard),
-tp (colwise/rowwise MLP over the whole world), noset (each
+tp (colwise/rowwise MLP over the whole world), tpsp (a block of LayerNorm and
+MLP: sequence parallel norm, colwise/rowwise MLP, the sequence sharded between
+them), fsdp2tp (that block, tensor parallel on a 2-D mesh's "tp" dimension of
+2, FSDP2 on its "dp" dimension of world / 2), noset (each
 rank allocates before torch.cuda.set_device: its context lands on cuda:0),
 objects (the object collectives). Each rank writes OUT_DIR/rankN.json with
 torch's own peaks, per mode and of the whole process, and what the object
@@ -33,6 +36,30 @@ def mlp():
     return torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 256))
 
 
+class Block(torch.nn.Module):
+    """A transformer's MLP half: LayerNorm, then an MLP, on (batch, sequence, 256)."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(256)
+        self.up = torch.nn.Linear(256, 1024)
+        self.act = torch.nn.GELU()
+        self.down = torch.nn.Linear(1024, 256)
+
+    def forward(self, x):
+        return self.down(self.act(self.up(self.norm(x))))
+
+
+def sequence_parallel(block, mesh):
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel, SequenceParallel,
+                                                   parallelize_module)
+
+    # the sequence sharded through the norm, gathered into the MLP, reduce-scattered out of it
+    return parallelize_module(block, mesh, {"norm": SequenceParallel(), "up": ColwiseParallel(input_layouts=Shard(1)),
+                                            "down": RowwiseParallel(output_layouts=Shard(1))})
+
+
 def build(mode):
     if mode in ("ddp", "noset", "objects"):
         from torch.nn.parallel import DistributedDataParallel
@@ -59,7 +86,26 @@ def build(mode):
 
         mesh = init_device_mesh("cuda", (world,))
         return parallelize_module(mlp().cuda(), mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    if mode == "tpsp":
+        from torch.distributed.device_mesh import init_device_mesh
+
+        return sequence_parallel(Block().cuda(), init_device_mesh("cuda", (world,)))
+    if mode == "fsdp2tp":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh("cuda", (world // 2, 2), mesh_dim_names=("dp", "tp"))
+        return fully_shard(sequence_parallel(Block().cuda(), mesh["tp"]), mesh=mesh["dp"])
     raise SystemExit(f"unknown mode {mode}")
+
+
+def batch(mode):
+    """A step's input: this rank's shard of a sequence of 512 where the sequence is sharded."""
+    if mode == "tpsp":
+        return torch.randn(8, 512 // world, 256, device="cuda")
+    if mode == "fsdp2tp":
+        return torch.randn(8, 512 // 2, 256, device="cuda")
+    return torch.randn(32, 256, device="cuda")
 
 
 # One mode after the other in one process; each mode's peaks since the last.
@@ -68,7 +114,7 @@ for mode in modes:
     model = build(mode)
     opt = torch.optim.AdamW(model.parameters())
     for _ in range(2):
-        model(torch.randn(32, 256, device="cuda")).sum().backward()
+        model(batch(mode)).sum().backward()
         opt.step()
         opt.zero_grad()
     torch.cuda.synchronize()

@@ -120,16 +120,26 @@ def add_world_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--world-size", type=int, metavar="N",
                         help="run ranks of a job of N processes, each alone on a virtual card (needs --gpu)")
     parser.add_argument("--rank", type=int, action="append", metavar="R",
-                        help="a rank to run with --world-size (repeat for several; default 0)")
+                        help="a rank to run alone with --world-size (repeat for several, run one after the other; "
+                             "default 0)")
+    parser.add_argument("--ranks", metavar="LIST",
+                        help="ranks of --world-size to run together, as processes that reach each other, the "
+                             "others faked: 0,16,32,48 or 0:64:16 (a slice), 8-11, last")
     parser.add_argument("--gpus-per-node", type=int, default=8, metavar="G",
                         help="virtual cards per node with --world-size (LOCAL_RANK = rank %% G; default 8)")
 
 
 def world_from(args: argparse.Namespace) -> Any:  # -> World | None
-    from ..harness.world import parse_world
+    from ..harness.world import parse_ranks, parse_world
 
     if args.world_size is None:
-        if args.rank:
-            raise InputError("--rank chooses ranks of --world-size: give --world-size too")
+        if args.rank or args.ranks:
+            raise InputError(f"{'--rank' if args.rank else '--ranks'} chooses ranks of --world-size: "
+                             "give --world-size too")
         return None
+    if args.ranks is not None:
+        if args.rank:
+            raise InputError("--rank runs ranks alone, --ranks together: give one of them")
+        return parse_world(args.world_size, parse_ranks(args.ranks, args.world_size), args.gpus_per_node,
+                           together=True)
     return parse_world(args.world_size, args.rank, args.gpus_per_node)

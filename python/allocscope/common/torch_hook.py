@@ -1,4 +1,5 @@
-"""Run code right after the process imports torch, without importing it.
+"""Run code right after the process imports torch (or another module),
+without importing it.
 
 Processes started by `allocscope run` (recording) and on the virtual GPU
 (turning cuDNN off) need to act once torch is loaded but before the program
@@ -18,36 +19,40 @@ import importlib.abc
 import sys
 from typing import Any, Callable
 
-__all__ = ["after_torch_import"]
+__all__ = ["after_import", "after_torch_import"]
 
-_callbacks: list[Callable[[], None]] = []
+_callbacks: dict[str, list[Callable[[], None]]] = {}
 
 
-def _run_callbacks() -> None:
-    while _callbacks:
-        callback = _callbacks.pop(0)
+def _run_callbacks(module: str) -> None:
+    waiting = _callbacks.get(module, [])
+    while waiting:
+        callback = waiting.pop(0)
         try:
             callback()
         except Exception as e:  # never break the program's import of torch
             print(f"allocscope: {e}", file=sys.stderr)
 
 
-def _torch_loaded() -> bool:
-    """Whether torch's module has finished executing (while it executes it
-    is in sys.modules already, its spec marked _initializing)."""
-    torch = sys.modules.get("torch")
-    if torch is None:
+def _loaded(module: str) -> bool:
+    """Whether the module has finished executing (while it executes it is
+    in sys.modules already, its spec marked _initializing)."""
+    found = sys.modules.get(module)
+    if found is None:
         return False
-    spec = getattr(torch, "__spec__", None)
+    spec = getattr(found, "__spec__", None)
     return not getattr(spec, "_initializing", False)
 
 
-class _TorchImportHook(importlib.abc.MetaPathFinder):
+class _ImportHook(importlib.abc.MetaPathFinder):
+    def __init__(self, module: str) -> None:
+        self.module = module
+
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name != "torch":
-            # Torch loaded without our loader (a finder put before this one
-            # after it was installed found it): act at the next import.
-            if _callbacks and _torch_loaded():
+        if name != self.module:
+            # Loaded without our loader (a finder put before this one after
+            # it was installed found it): act at the next import.
+            if _callbacks.get(self.module) and _loaded(self.module):
                 self._done()
             return None
         spec = self._find_with_the_others(name, path, target)
@@ -58,7 +63,7 @@ class _TorchImportHook(importlib.abc.MetaPathFinder):
 
         def exec_then_run(module: Any) -> None:
             exec_module(module)
-            if getattr(module, "__name__", None) == "torch":
+            if getattr(module, "__name__", None) == self.module:
                 # (a loader that serves other modules too: theirs as before)
                 if getattr(loader, "__dict__", {}).get("exec_module") is exec_then_run:
                     del loader.exec_module
@@ -66,7 +71,7 @@ class _TorchImportHook(importlib.abc.MetaPathFinder):
 
         exec_then_run._allocscope_hook = True  # type: ignore[attr-defined]
         # An attribute of this loader object (the path finders make one per
-        # spec), so that torch.__loader__ stays the loader it would have been.
+        # spec), so that the module's __loader__ stays the loader it would have been.
         try:
             loader.exec_module = exec_then_run
         except (AttributeError, TypeError):  # (a loader with slots: the next import notices torch instead)
@@ -90,16 +95,21 @@ class _TorchImportHook(importlib.abc.MetaPathFinder):
             sys.meta_path.remove(self)
         except ValueError:
             pass
-        _run_callbacks()
+        _run_callbacks(self.module)
+
+
+def after_import(module: str, callback: Callable[[], None]) -> None:
+    """Calls `callback` once `module` (its full name) is imported: now if
+    it already is, else right after the process has executed its module
+    (however often it looked for it before). Callbacks run in the order
+    given; an exception in one is printed, not raised."""
+    _callbacks.setdefault(module, []).append(callback)
+    if _loaded(module):
+        _run_callbacks(module)
+    elif not any(isinstance(f, _ImportHook) and f.module == module for f in sys.meta_path):
+        sys.meta_path.insert(0, _ImportHook(module))
 
 
 def after_torch_import(callback: Callable[[], None]) -> None:
-    """Calls `callback` once torch is imported: now if it already is, else
-    right after the process has executed torch's module (however often it
-    looked for torch before). Callbacks run in the order given; an exception
-    in one is printed, not raised."""
-    _callbacks.append(callback)
-    if _torch_loaded():
-        _run_callbacks()
-    elif not any(isinstance(f, _TorchImportHook) for f in sys.meta_path):
-        sys.meta_path.insert(0, _TorchImportHook())
+    """after_import("torch", callback)."""
+    after_import("torch", callback)

@@ -17,7 +17,7 @@ from typing import Sequence
 
 from ..common.errors import InputError
 
-__all__ = ["command_line", "finished_outputs", "outputs", "wait_for"]
+__all__ = ["command_line", "finished_outputs", "outputs", "wait_for", "wait_for_all"]
 
 
 def command_line(command: Sequence[str], usage: str) -> list[str]:
@@ -96,24 +96,47 @@ def wait_for(cmd: list[str], env: dict[str, str], *, output_to_stderr: bool = Fa
     output_to_stderr: the child's standard output goes to our standard error
     (so that ours holds only what we print, e.g. JSON). log: both its
     outputs go to this file instead (overwritten)."""
+    return wait_for_all([(cmd, env, log)], output_to_stderr=output_to_stderr)[0]
+
+
+def wait_for_all(children: Sequence[tuple[list[str], dict[str, str], str | None]], *,
+                 output_to_stderr: bool = False) -> list[int]:
+    """wait_for for several commands at once, each (cmd, env, log): started
+    together, each run to its end; their exit statuses, in order."""
+    started: list[subprocess.Popen] = []
+    try:
+        for cmd, env, log in children:
+            started.append(_start(cmd, env, output_to_stderr, log))
+    except BaseException:
+        for child in started:
+            child.kill()
+            child.wait()
+        raise
+    # The terminal sends Ctrl-C to the children too; let them finish their captures.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def forward(signum: int, frame: object) -> None:
+        for child in started:
+            if child.poll() is None:
+                child.send_signal(signum)
+
+    previous_term = signal.signal(signal.SIGTERM, forward)
+    try:
+        statuses = [child.wait() for child in started]
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        signal.signal(signal.SIGTERM, previous_term)
+    return [status if status >= 0 else 128 - status for status in statuses]
+
+
+def _start(cmd: list[str], env: dict[str, str], output_to_stderr: bool, log: str | None) -> subprocess.Popen:
     out = open(log, "wb") if log is not None else None  # (an error here names the log, not the command)
     try:
         if out is not None:
-            child = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        else:
-            child = subprocess.Popen(cmd, env=env, stdout=sys.stderr if output_to_stderr else None)
+            return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        return subprocess.Popen(cmd, env=env, stdout=sys.stderr if output_to_stderr else None)
     except OSError as e:
         raise InputError(f"cannot run {cmd[0]}: {e.strerror}") from None
     finally:
         if out is not None:
             out.close()  # the child has its own copy
-    # The terminal sends Ctrl-C to the child too; let it finish its capture.
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    forward = lambda signum, frame: child.send_signal(signum)  # noqa: E731
-    previous_term = signal.signal(signal.SIGTERM, forward)
-    try:
-        status = child.wait()
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        signal.signal(signal.SIGTERM, previous_term)
-    return status if status >= 0 else 128 - status

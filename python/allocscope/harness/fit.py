@@ -30,7 +30,7 @@ from ..reports.fit import FIT_DOCUMENT, fit_document, foreseen_result, run_resul
 from ..reports.scaling import memory_model
 from .child import command_line, finished_outputs, outputs, wait_for
 from .console import RunConsole, log_path
-from .run import shared_cards
+from .run import run_together, shared_cards
 from .search import parse_search, search_largest
 from .world import World, check_initialized, node_gpus, rank_environment, report_file
 
@@ -72,10 +72,12 @@ def fit(command: Sequence[str], gpus: Sequence[str], *, output_dir: str = "alloc
     capture (CARD.log), and standard error gets one line per run, with the
     end of the log of a run that failed for a reason other than memory.
 
-    world: each of world.ranks runs alone as that rank of a job of
-    world.size processes (harness/world.py) on each card; the document has
-    one entry per card and rank, and per card the job's verdict (its worst
-    rank's: docs/report.md, "fit").
+    world: world.ranks run as those ranks of a job of world.size processes
+    (harness/world.py) on each card, each alone or all together
+    (world.together), the other ranks faked; the document has one entry per
+    card and rank (with the rank's role where the script made a DeviceMesh
+    or pipeline stages), and per card the job's verdict (its worst rank's:
+    docs/report.md, "fit").
 
     InputError (one line) for bad input: no command, an unknown GPU, top < 1,
     captures in the way without force, a search whose run fails for a reason
@@ -109,6 +111,8 @@ def fit(command: Sequence[str], gpus: Sequence[str], *, output_dir: str = "alloc
             doc = fit_document(cmd, [runs.run(gpu, routing=r) for gpu in gpus for r in routings])
         elif world is None:
             doc = fit_document(cmd, [runs.run(gpu) for gpu in gpus])
+        elif world.together:
+            doc = fit_document(cmd, [card for gpu in gpus for card in runs.run_together(gpu)], world=world.size)
         else:
             doc = fit_document(cmd, [runs.run(gpu, rank=r) for gpu in gpus for r in world.ranks], world=world.size)
     finally:
@@ -179,9 +183,9 @@ class _Runs:
         for path in existing:
             os.remove(path)
 
-    def run(self, gpu: str, value: int | None = None, rank: int | None = None,
-            routing: str | None = None) -> dict[str, Any]:
-        path = self.path(gpu, value, routing)
+    def _command(self, gpu: str, path: str, value: int | None,
+                 routing: str | None) -> tuple[list[str], dict[str, str], str]:
+        """The command, its environment and where it runs (for the console)."""
         values = self.values if routing is None else {**self.values, "routing": routing}
         cmd, env = self.cmd, vgpu.environment(gpu if self.world is None else node_gpus(gpu, self.world),
                                               memory=self.gpu_memory, **values)
@@ -195,10 +199,31 @@ class _Runs:
                                    "value": value})
         where = f"a virtual {gpu}" + ("" if value is None else f" with {self.search[0]}={value}") + \
             ("" if routing is None else f", {routing} routing")
+        env = child_environment(env, path, {"device": "cuda", "stacks": self.stacks, "auto_watch": True})
+        return cmd, env, where
+
+    def _result(self, gpu: str, path: str, status: int, written: list[str], started: float, log: str | None,
+                value: int | None = None, rank: int | None = None, routing: str | None = None,
+                role: str | None = None) -> dict[str, Any]:
+        """The run's card result from its captures (a rank's: its own), its console line."""
+        if rank is not None and self.world.size > 1:
+            stem, ext = os.path.splitext(path)
+            written = [p for p in written if p == f"{stem}.rank{rank}{ext}"]
+        cap = _card_process([load(p, salvage=True) for p in written]) if written else None
+        card = run_result(gpu, status, cap, capture_path=os.path.relpath(cap.path) if cap is not None else None,
+                          top=self.top, value=value, routing=routing, rank=rank, role=role)
         label = " ".join([gpu, *([] if rank is None else [f"rank {rank}"]),
                           *([] if value is None else [f"{self.search[0]}={value}"]),
                           *([] if routing is None else [f"routing={routing}"])])
-        env = child_environment(env, path, {"device": "cuda", "stacks": self.stacks, "auto_watch": True})
+        self.console.end(label, card, time.monotonic() - started, log)
+        if value is not None:
+            self.ran[(gpu, value)] = card
+        return card
+
+    def run(self, gpu: str, value: int | None = None, rank: int | None = None,
+            routing: str | None = None) -> dict[str, Any]:
+        path = self.path(gpu, value, routing)
+        cmd, env, where = self._command(gpu, path, value, routing)
         report = None
         if rank is not None:
             where = f"rank {rank} of {self.world.size} on " + where
@@ -211,18 +236,23 @@ class _Runs:
         with shared_cards(env, rank is None) as env:
             status = wait_for(cmd, env, output_to_stderr=self.stdout_to_stderr, log=log)
             written = finished_outputs(path)
-        if report is not None:
-            check_initialized(report, status, rank)
-        if rank is not None and self.world.size > 1:
-            stem, ext = os.path.splitext(path)
-            written = [p for p in written if p == f"{stem}.rank{rank}{ext}"]
-        cap = _card_process([load(p, salvage=True) for p in written]) if written else None
-        card = run_result(gpu, status, cap, capture_path=os.path.relpath(cap.path) if cap is not None else None,
-                          top=self.top, value=value, routing=routing, rank=rank)
-        self.console.end(label, card, time.monotonic() - started, log)
-        if value is not None:
-            self.ran[(gpu, value)] = card
-        return card
+        role = check_initialized(report, status, rank) if report is not None else None
+        return self._result(gpu, path, status, written, started, log, value, rank, routing, role)
+
+    def run_together(self, gpu: str) -> list[dict[str, Any]]:
+        """The world's chosen ranks at once on virtual nodes of `gpu` cards
+        (harness/run.run_together); a card result per rank, with its role."""
+        path = self.path(gpu)
+        cmd, env, where = self._command(gpu, path, None, None)
+        ranks = self.world.ranks
+        self.console.begin(f"ranks {', '.join(map(str, ranks))} of {self.world.size} together on {where}")
+        stem, ext = os.path.splitext(path)
+        logs = [None if self.console.verbose else log_path(f"{stem}.rank{rank}{ext}") for rank in ranks]
+        started = time.monotonic()
+        ended = run_together(cmd, env, self.world, output_to_stderr=self.stdout_to_stderr, logs=logs)
+        written = finished_outputs(path)
+        return [self._result(gpu, path, status, written, started, log, rank=rank, role=role)
+                for rank, (status, role), log in zip(ranks, ended, logs)]
 
     def replayed(self, gpu: str, searched: list[str]) -> dict[int, dict[str, Any]]:
         """For a search: this card's results foreseen from the runs made on

@@ -13,8 +13,8 @@ from typing import Iterator, Mapping, Sequence
 
 from ..common.errors import InputError
 from ..recording.limits import ENV_LIMITS, Limits
-from .child import command_line, finished_outputs, outputs, wait_for
-from .world import World
+from .child import command_line, finished_outputs, outputs, wait_for, wait_for_all
+from .world import World, check_initialized, free_port, rank_environment, report_file
 
 __all__ = ["RunResult", "run_command"]
 
@@ -40,10 +40,11 @@ def run_command(command: Sequence[str], output: str | None, *, gpu: str | None =
     for the others. InputError for bad input (no command, an unknown GPU,
     `output` in the way without force).
 
-    world: run each of world.ranks alone as that rank of a job of
-    world.size processes (harness/world.py), one after the other, each on
-    its own virtual node of `gpu` cards; its capture is FILE with .rankN.
-    The status is the first non-zero one.
+    world: run world.ranks as those ranks of a job of world.size processes
+    (harness/world.py), each on its own virtual node of `gpu` cards, the
+    other ranks faked: each alone, one after the other, or all together
+    (world.together); a rank's capture is FILE with .rankN. The status is
+    the first non-zero one.
 
     values: on the virtual GPU, {"compute": ..., "routing": ...} as
     vgpu.activate takes them (None: the defaults, or the environment's).
@@ -118,21 +119,40 @@ def shared_cards(env: dict[str, str], on_virtual_gpu: bool) -> Iterator[dict[str
 
 def run_ranks(cmd: list[str], env: dict[str, str], world: World,
               output_to_stderr: bool = False) -> int:
-    """Runs each chosen rank alone, one after the other; the first non-zero
-    status (a rank that never initialized a process group: InputError)."""
-    from .world import check_initialized, rank_environment, report_file
-
+    """Runs the chosen ranks, each alone one after the other, or together;
+    the first non-zero status (a rank that never initialized a process
+    group: InputError)."""
     import sys
 
+    cards = f"a virtual node of {world.gpus_per_node} card{'s' if world.gpus_per_node > 1 else ''}"
+    if world.together:
+        print(f"allocscope run: ranks {', '.join(map(str, world.ranks))} of {world.size} together, each on "
+              f"{cards}, the others faked", file=sys.stderr)
+        statuses = [status for status, _ in run_together(cmd, env, world, output_to_stderr=output_to_stderr)]
+        return next((s for s in statuses if s), 0)
     first = 0
     for rank in world.ranks:
-        print(f"allocscope run: rank {rank} of {world.size}, alone on a virtual node of {world.gpus_per_node} "
-              f"card{'s' if world.gpus_per_node > 1 else ''}", file=sys.stderr)
+        print(f"allocscope run: rank {rank} of {world.size}, alone on {cards}", file=sys.stderr)
         report = report_file()
         status = wait_for(cmd, rank_environment(env, world, rank, report), output_to_stderr=output_to_stderr)
         check_initialized(report, status, rank)
         first = first or status
     return first
+
+
+def run_together(cmd: list[str], env: dict[str, str], world: World, *, output_to_stderr: bool = False,
+                 logs: Sequence[str | None] | None = None) -> list[tuple[int, str | None]]:
+    """world.ranks started at once, reaching each other through one store
+    on a free port, the other ranks faked; per rank, in world.ranks' order,
+    its exit status and its role (world.check_initialized). logs: each
+    rank's output file (None: ours)."""
+    port = free_port()
+    reports = [report_file() for _ in world.ranks]
+    children = [(cmd, rank_environment(env, world, rank, report, port), log)
+                for rank, report, log in zip(world.ranks, reports, logs or [None] * len(world.ranks))]
+    statuses = wait_for_all(children, output_to_stderr=output_to_stderr)
+    return [(status, check_initialized(report, status, rank))
+            for rank, report, status in zip(world.ranks, reports, statuses)]
 
 
 def _device(choice: str) -> str:

@@ -1,13 +1,18 @@
-"""One rank of a large job, run alone (`allocscope run/fit --world-size`).
+"""Ranks of a large job, the others faked (`allocscope run/fit --world-size`).
 
 Each chosen rank runs as one process on a virtual node of `gpus_per_node`
 cards of the model, with the environment torchrun gives a worker (RANK,
 WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,
-MASTER_PORT), so that the script runs unmodified. Its process group has no
-peers: the rendezvous gives it a store where every other rank already made
-the same calls, and the virtual NCCL needs no peer (vgpu/distributed.py).
-Afterwards the process says whether the script initialized a process group
-(a script that never does would just have run as one process).
+MASTER_PORT), so that the script runs unmodified. The ranks not chosen do
+not run: the rendezvous gives each chosen rank a store where every rank not
+running already made the same calls, and the virtual NCCL needs no peer
+(vgpu/distributed.py). `--rank` runs the chosen ranks alone, one after the
+other; `--ranks` runs them together, as processes that reach each other
+through one store (objects sent between them, the pipeline stages' shapes
+among them, arrive as sent). Afterwards each process says whether the
+script initialized a process group (a script that never does would just
+have run as one process) and its role in the job (its coordinates in the
+job's DeviceMesh, its pipeline stages).
 """
 
 from __future__ import annotations
@@ -20,11 +25,16 @@ from typing import Mapping, Sequence
 
 from ..common.errors import InputError
 
-__all__ = ["ENV_WORLD_REPORT", "World", "check_initialized", "parse_world", "rank_environment"]
+__all__ = ["ENV_WORLD_REPORT", "World", "check_initialized", "free_port", "parse_ranks", "parse_world",
+           "rank_environment"]
 
 # Where a rank run alone writes {"initialized": bool} at exit.
 ENV_WORLD_REPORT = "ALLOCSCOPE_WORLD_REPORT"
 MAX_WORLD_SIZE = 1 << 20
+
+
+# How many ranks --ranks runs together at most (each is a process of its own).
+MAX_TOGETHER = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,14 +42,17 @@ class World:
     size: int
     ranks: tuple[int, ...]
     gpus_per_node: int
+    together: bool = False  # the ranks run at once, reaching each other; else each alone, one after the other
 
     def local_rank(self, rank: int) -> int:
         return rank % self.gpus_per_node
 
 
-def parse_world(size: int, ranks: Sequence[int] | None = None, gpus_per_node: int = 8) -> World:
+def parse_world(size: int, ranks: Sequence[int] | None = None, gpus_per_node: int = 8,
+                together: bool = False) -> World:
     """A checked World; InputError (one line) for a size below 1, a rank
-    outside [0, size), or a node of no cards."""
+    outside [0, size), a node of no cards, or more ranks together than
+    MAX_TOGETHER."""
     if not 1 <= size <= MAX_WORLD_SIZE:
         raise InputError(f"--world-size must be between 1 and {MAX_WORLD_SIZE}, not {size}")
     if not 1 <= gpus_per_node <= 16:
@@ -48,7 +61,38 @@ def parse_world(size: int, ranks: Sequence[int] | None = None, gpus_per_node: in
     outside = [r for r in chosen if not 0 <= r < size]
     if outside:
         raise InputError(f"rank {outside[0]} is outside a world of {size} (ranks 0 to {size - 1})")
-    return World(size, chosen, min(gpus_per_node, size))
+    if together and len(chosen) > MAX_TOGETHER:
+        raise InputError(f"--ranks runs at most {MAX_TOGETHER} ranks together (each is a process), not "
+                         f"{len(chosen)}: choose the ranks that differ")
+    return World(size, tuple(sorted(chosen)) if together else chosen, min(gpus_per_node, size), together)
+
+
+def parse_ranks(text: str, size: int) -> list[int]:
+    """--ranks' list: ranks and ranges, comma-separated: "0,7", "0:64:16"
+    (start:stop:step, as Python slices them: 0, 16, 32, 48), "8-11" (both
+    ends included); "last" is rank size - 1. InputError (one line) for
+    anything else."""
+    ranks: list[int] = []
+    for part in (p.strip() for p in text.split(",")):
+        try:
+            if part == "last":
+                ranks.append(size - 1)
+            elif ":" in part:
+                fields = [int(f) if f else None for f in part.split(":")]
+                if len(fields) > 3 or fields[-1] == 0:
+                    raise ValueError
+                ranks.extend(range(size)[slice(*fields)])
+            elif "-" in part[1:]:
+                low, high = (int(f) for f in part.split("-", 1))
+                ranks.extend(range(low, high + 1))
+            else:
+                ranks.append(int(part))
+        except ValueError:
+            raise InputError(f"--ranks: {part!r} is not a rank, a range (8-11) or a slice (0:64:16); "
+                             "e.g. --ranks 0,16,32,48 or --ranks 0:64:16,last") from None
+    if not ranks:
+        raise InputError(f"--ranks {text!r} names no rank of a world of {size}")
+    return ranks
 
 
 def node_gpus(gpu: str, world: World) -> str:
@@ -62,10 +106,12 @@ def node_gpus(gpu: str, world: World) -> str:
     return f"{world.gpus_per_node}x{vgpu.device_spec(presets)}"
 
 
-def rank_environment(base: Mapping[str, str], world: World, rank: int, report_path: str) -> dict[str, str]:
+def rank_environment(base: Mapping[str, str], world: World, rank: int, report_path: str,
+                     port: int = 29500) -> dict[str, str]:
     """The environment torchrun would give the worker of `rank`, plus what
-    makes it a rank run alone."""
-    from ..vgpu.distributed import ENV_WORLD
+    makes the ranks not chosen fake (and, for ranks together, which run and
+    the port of their store)."""
+    from ..vgpu.distributed import ENV_REAL_RANKS, ENV_WORLD
 
     env = dict(base)
     env.update({
@@ -73,10 +119,20 @@ def rank_environment(base: Mapping[str, str], world: World, rank: int, report_pa
         "LOCAL_RANK": str(world.local_rank(rank)), "LOCAL_WORLD_SIZE": str(world.gpus_per_node),
         "GROUP_RANK": str(rank // world.gpus_per_node), "NODE_RANK": str(rank // world.gpus_per_node),
         "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world.size),
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
         ENV_WORLD: "1", ENV_WORLD_REPORT: report_path,
+        ENV_REAL_RANKS: ",".join(map(str, world.ranks if world.together else (rank,))),
     })
     return env
+
+
+def free_port() -> int:
+    """A TCP port free now on this machine, for the store of ranks run together."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def report_file() -> str:
@@ -86,17 +142,20 @@ def report_file() -> str:
     return path
 
 
-def check_initialized(report_path: str, status: int, rank: int) -> None:
-    """InputError when a rank that ran to its end never initialized a process
+def check_initialized(report_path: str, status: int, rank: int) -> str | None:
+    """The rank's role in the job as it said at exit (None: none known);
+    InputError when a rank that ran to its end never initialized a process
     group: --world-size then simulated nothing."""
     try:
         with open(report_path) as f:
-            initialized = bool(json.load(f).get("initialized"))
+            said = json.load(f)
     except (OSError, ValueError):
-        return  # the process died before its exit handlers: its status says so
+        return None  # the process died before its exit handlers: its status says so
     finally:
         if os.path.exists(report_path):
             os.remove(report_path)
-    if not initialized and status == 0:
+    if not said.get("initialized") and status == 0:
         raise InputError(f"rank {rank} never initialized a process group: --world-size runs a script that calls "
                          "torch.distributed.init_process_group (as under torchrun)")
+    role = said.get("role")
+    return role if isinstance(role, str) and role else None

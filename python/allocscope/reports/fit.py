@@ -122,11 +122,14 @@ def card_result(gpu: str, status: int, cap: Capture | None, *, capture_path: str
 
 
 def run_result(gpu: str, status: int, cap: Capture | None, *, capture_path: str | None, top: int,
-               value: int | None = None, routing: str | None = None, rank: int | None = None) -> dict[str, Any]:
+               value: int | None = None, routing: str | None = None, rank: int | None = None,
+               role: str | None = None) -> dict[str, Any]:
     """The entry of one run the harness made (harness/fit.py): card_result,
     led by what the run was, where it was one of several on the card: the
-    searched value, the MoE routing, the rank of a job."""
-    lead = {k: v for k, v in (("value", value), ("routing", routing), ("rank", rank)) if v is not None}
+    searched value, the MoE routing, the rank of a job (and its role in it:
+    "stage 3 of 4; pp 3/4, tp 0/2", vgpu/roles.py)."""
+    lead = {k: v for k, v in (("value", value), ("routing", routing), ("rank", rank), ("role", role))
+            if v is not None}
     return lead | card_result(gpu, status, cap, capture_path=capture_path, top=top)
 
 
@@ -203,7 +206,7 @@ def _job(gpu: str, ranks: list[dict[str, Any]]) -> dict[str, Any]:
     """A job's verdict on a card: its worst rank's (out of memory before a
     failure before a fit; among fits, the least headroom)."""
     worst = max(ranks, key=lambda c: (_VERDICT_ORDER.get(c["verdict"], 1), -(c.get("headroom_bytes") or 0)))
-    return {"gpu": gpu, "verdict": worst["verdict"], "worst_rank": worst["rank"],
+    return {"gpu": gpu, "verdict": worst["verdict"], "worst_rank": worst["rank"], "worst_role": worst.get("role"),
             "peak_reserved_bytes": worst.get("peak_reserved_bytes"), "headroom_bytes": worst.get("headroom_bytes"),
             "ranks": [c["rank"] for c in ranks]}
 
@@ -220,18 +223,21 @@ def render_fit(doc: dict[str, Any], top: int = 5) -> str:
         lines.append(f"values computed on the virtual GPU: {compute}; MoE routing where a router's logits were not "
                      f"computed: {routing} (--compute, --routing; docs/vgpu.md, \"Values\")")
     lines.append("")
-    rows = [("GPU", "verdict", "peak allocated", "peak reserved", "headroom", "card")]
+    roles = any(c.get("role") for c in doc["cards"])
+    rows = [("GPU", "verdict", "peak allocated", "peak reserved", "headroom", "card", *(("role",) if roles else ()))]
     for c in doc["cards"]:
         verdict = c["verdict"] + (f" (exit {c['exit_status']})" if c["verdict"] == "failed" else "")
         room = _size(c.get("headroom_bytes"))
         if c.get("shortfall_bytes") is not None:
             room = f"short by {format_bytes(c['shortfall_bytes'])}"
         rows.append((_card_name(c), verdict, _size(c.get("peak_allocated_bytes")),
-                     _size(c.get("peak_reserved_bytes")), room, _size(c.get("total_bytes"))))
+                     _size(c.get("peak_reserved_bytes")), room, _size(c.get("total_bytes")),
+                     *((c.get("role") or "",) if roles else ())))
     lines += table(rows, {2, 3, 4, 5})
     for job in doc.get("jobs") or ():
+        role = f" ({job['worst_role']})" if job.get("worst_role") else ""
         lines.append(f"the job of {doc['world_size']} ranks on {job['gpu']}: {job['verdict']} "
-                     f"(its worst rank of {len(job['ranks'])} run: rank {job['worst_rank']})")
+                     f"(its worst rank of {len(job['ranks'])} run: rank {job['worst_rank']}{role})")
     for c in doc["cards"]:
         if c["verdict"] == "no capture":
             lines += ["", f"{_card_name(c)}: no capture was written: the command never used CUDA "

@@ -3,22 +3,28 @@
 Two things happen here, once torch is imported, in a process on the virtual
 GPU:
 
-- Object collectives on an NCCL group, whose bytes the virtual NCCL would
-  not carry (the source's tensor is made by a kernel, which computes
-  nothing), pass their objects through the run's store where all the
-  ranks run, so they return what they return on a card. A rank alone has
-  no peers: `all_gather_object` and `gather_object` give its own object in
-  every slot, `broadcast_object_list` leaves its list as it passed it,
-  `scatter_object_list` gives the entry of its own input list for its rank
-  (None without one), `recv_object_list` leaves the list as it was
-  (objects.py; a pipeline stage's peers send it their shapes that way).
+- Object collectives and object point-to-point calls on an NCCL group, whose
+  bytes the virtual NCCL would not carry (the source's tensor is made by a
+  kernel, which computes nothing), pass their objects through the run's
+  store between the ranks that run, so they return what they return on a
+  card (objects.py). A rank that does not run (below) is taken to have sent
+  what this rank sent: `all_gather_object` and `gather_object` give this
+  rank's object in its slots, `broadcast_object_list` from it leaves the
+  list as it was passed, `scatter_object_list` from it gives the entry of
+  this rank's own input list for its rank (None without one),
+  `recv_object_list` from it leaves the list as it was.
 
-- One rank of a large job (ENV_WORLD, set by `allocscope run/fit
-  --world-size`): the process is rank RANK of WORLD_SIZE as under torchrun,
-  alone. The env://, tcp:// and file:// rendezvous give it a store in which
-  every other rank has already done what this rank does (LoneStore), so that
-  init_process_group("nccl"), new_group and DeviceMesh never wait for a
-  peer; the virtual NCCL needs none.
+- Ranks of a large job (ENV_WORLD, set by `allocscope run/fit --world-size`):
+  the process is rank RANK of WORLD_SIZE as under torchrun, and only the
+  ranks in ENV_REAL_RANKS run (this one alone, or several together). The
+  env://, tcp:// and file:// rendezvous give it a store in which every rank
+  that does not run has already done what this rank does (FakedPeersStore),
+  so that init_process_group("nccl"), new_group and DeviceMesh never wait
+  for one; the virtual NCCL needs no peer. Ranks together share one real
+  store (a TCPStore the lowest of them serves), through which they reach
+  each other. At exit the process says whether it initialized a process
+  group and its role: its coordinates in the job's DeviceMesh, its pipeline
+  stages (roles.py).
 """
 
 from __future__ import annotations
@@ -29,13 +35,25 @@ from typing import Any, Iterator
 
 from .objects import patch_object_calls
 
-__all__ = ["ENV_WORLD", "install"]
+__all__ = ["ENV_REAL_RANKS", "ENV_WORLD", "install", "real_ranks"]
 
-# "1" in a process that is one rank of a job whose other ranks do not run.
+# "1" in a process that is one rank of a job whose other ranks do not all run.
 ENV_WORLD = "ALLOCSCOPE_SIMULATED_WORLD"
-# ncclUniqueId's size: what a store read of an id another rank would have
-# published returns (the virtual NCCL ignores its content).
+# The ranks of that job that run, this one among them: "0,16,32,48".
+ENV_REAL_RANKS = "ALLOCSCOPE_REAL_RANKS"
+# ncclUniqueId's size: what a store read of an id a rank that does not run
+# would have published returns (the virtual NCCL ignores its content).
 _NCCL_UNIQUE_ID_BYTES = 128
+# Keys whose writer is a rank that runs, whose readers wait for it (objects.py).
+_KEYS_OF_RANKS_THAT_RUN = "allocscope/objects/"
+
+
+def real_ranks() -> frozenset[int] | None:
+    """The ranks that run, in a process of ENV_WORLD (None: every rank runs)."""
+    if os.environ.get(ENV_WORLD) != "1":
+        return None
+    listed = os.environ.get(ENV_REAL_RANKS) or os.environ.get("RANK", "0")
+    return frozenset(int(r) for r in listed.split(",") if r.strip())
 
 
 def install() -> None:
@@ -44,52 +62,95 @@ def install() -> None:
 
     if not dist.is_available():
         return
-    patch_object_calls(alone=os.environ.get(ENV_WORLD) == "1")
-    if os.environ.get(ENV_WORLD) == "1":
-        _install_lone_rendezvous()
+    running = real_ranks()
+    patch_object_calls(real_ranks=running)
+    if running is not None:
+        from .roles import record_roles
+
+        _install_rendezvous(running)
+        record_roles()
         _report_at_exit(os.environ.get("ALLOCSCOPE_WORLD_REPORT"))
 
 
-# ---- one rank alone
+# ---- ranks that do not run
 
-def _lone_store_class() -> type:
+class _Local:
+    """The store of a rank alone: a dict, with TCPStore's semantics for what
+    FakedPeersStore asks of it."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, bytes] = {}
+
+    def set(self, key: str, value: bytes) -> None:
+        self.data[key] = value
+
+    def get(self, key: str) -> bytes:
+        return self.data[key]
+
+    def check(self, keys: list[str]) -> bool:
+        return all(k in self.data for k in keys)
+
+    def add(self, key: str, amount: int) -> int:
+        value = int(self.data.get(key, b"0")) + amount
+        self.data[key] = str(value).encode()
+        return value
+
+    def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
+        current = self.data.get(key)
+        if current is None and expected == b"" or current == expected:
+            self.data[key] = desired
+            return desired
+        return current if current is not None else expected
+
+    def append(self, key: str, value: bytes) -> None:
+        self.data[key] = self.data.get(key, b"") + value
+
+    def delete_key(self, key: str) -> bool:
+        return self.data.pop(key, None) is not None
+
+    def num_keys(self) -> int:
+        return len(self.data)
+
+
+def _faked_peers_store_class() -> type:
     import torch.distributed as dist
 
-    class LoneStore(dist.Store):
-        """A store for one rank of a job whose other ranks do not run: every
-        other rank is taken to have made the same calls already. A counter
-        grows by a call's amount times the world size; a key another rank
-        would have published reads as an NCCL unique id (all zeros), the
-        only value torch reads from its peers when creating communicators."""
+    def raw(value: Any) -> bytes:
+        return value if isinstance(value, bytes) else str(value).encode()
 
-        def __init__(self, world_size: int) -> None:
+    class FakedPeersStore(dist.Store):
+        """A store for the ranks of a job that run, where every rank that
+        does not run is taken to have made the same calls already. `inner`
+        holds what the running ranks set (a dict for a rank alone, a
+        TCPStore for ranks together). A counter grows by a call's amount
+        times `share`, the ranks this one stands for (together, the shares
+        add up to the world size); a key no running rank has set reads as
+        an NCCL unique id (all zeros), the only value torch reads from its
+        peers when creating communicators, except the keys objects.py
+        writes, which only running ranks are asked for, and which are
+        waited for."""
+
+        def __init__(self, inner: Any, share: int) -> None:
             super().__init__()
-            self._world = world_size
-            self._data: dict[str, bytes] = {}
+            self._inner, self._share = inner, share
             self._timeout = timedelta(minutes=30)
 
         def set(self, key: str, value: Any) -> None:
-            self._data[key] = value if isinstance(value, bytes) else str(value).encode()
+            self._inner.set(key, raw(value))
 
         def get(self, key: str) -> bytes:
-            return self._data.get(key, b"\0" * _NCCL_UNIQUE_ID_BYTES)
+            if _KEYS_OF_RANKS_THAT_RUN in key or self._inner.check([key]):
+                return bytes(self._inner.get(key))
+            return b"\0" * _NCCL_UNIQUE_ID_BYTES
 
         def add(self, key: str, amount: int) -> int:
-            value = int(self._data.get(key, b"0")) + amount * self._world
-            self._data[key] = str(value).encode()
-            return value
+            return self._inner.add(key, amount * self._share)
 
         def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
-            expected = expected if isinstance(expected, bytes) else str(expected).encode()
-            desired = desired if isinstance(desired, bytes) else str(desired).encode()
-            current = self._data.get(key)
-            if current is None and expected == b"" or current == expected:
-                self._data[key] = desired
-                return desired
-            return current if current is not None else expected
+            return bytes(self._inner.compare_set(key, raw(expected), raw(desired)))
 
         def append(self, key: str, value: Any) -> None:
-            self._data[key] = self._data.get(key, b"") + (value if isinstance(value, bytes) else str(value).encode())
+            self._inner.append(key, raw(value))
 
         def multi_get(self, keys: list[str]) -> list[bytes]:
             return [self.get(k) for k in keys]
@@ -99,15 +160,15 @@ def _lone_store_class() -> type:
                 self.set(k, v)
 
         def delete_key(self, key: str) -> bool:
-            return self._data.pop(key, None) is not None
+            return self._inner.delete_key(key)
 
         def num_keys(self) -> int:
-            return len(self._data)
+            return self._inner.num_keys()
 
         def check(self, keys: list[str]) -> bool:
-            # Only what this rank set: torch's watchdog checks for keys other
-            # ranks set when they time out, which here never happens.
-            return all(k in self._data for k in keys)
+            # Only what running ranks set: torch's watchdog checks for keys
+            # other ranks set when they time out, which here never happens.
+            return self._inner.check(keys)
 
         def wait(self, keys: list[str], timeout: Any = None) -> None:
             return None
@@ -122,7 +183,13 @@ def _lone_store_class() -> type:
         def has_extended_api(self) -> bool:
             return True
 
-    return LoneStore
+    return FakedPeersStore
+
+
+def _share(rank: int, world: int, running: frozenset[int]) -> int:
+    """The ranks `rank` stands for in the store's counters: itself, and the
+    ranks that do not run for the lowest running rank."""
+    return world - len(running) + 1 if rank == min(running) else 1
 
 
 _stores: list[Any] = []
@@ -140,20 +207,24 @@ def _report_at_exit(path: str | None) -> None:
         import torch.distributed as dist
 
         try:
+            from .roles import describe_role
+
             with open(path, "w") as f:
-                json.dump({"initialized": bool(_stores) or dist.is_initialized()}, f)
+                json.dump({"initialized": bool(_stores) or dist.is_initialized(), "role": describe_role()}, f)
         except OSError:
             pass
 
     atexit.register(write)
 
 
-def _install_lone_rendezvous() -> None:
+def _install_rendezvous(running: frozenset[int]) -> None:
     import importlib
+
+    import torch.distributed as dist
 
     # torch.distributed.rendezvous is also the name of a function there.
     rdzv = importlib.import_module("torch.distributed.rendezvous")
-    store_class = _lone_store_class()
+    store_class = _faked_peers_store_class()
 
     def handler(url: str, timeout: timedelta | None = None, **kwargs: Any) -> Iterator[tuple[Any, int, int]]:
         from urllib.parse import parse_qs, urlparse
@@ -162,7 +233,13 @@ def _install_lone_rendezvous() -> None:
         rank, world = int(query.get("rank", -1)), int(query.get("world_size", -1))
         rank = rank if rank >= 0 else int(os.environ.get("RANK", "0"))
         world = world if world > 0 else int(os.environ.get("WORLD_SIZE", "1"))
-        store = store_class(world)
+        if len(running) > 1:  # together: one store, served by the lowest running rank
+            inner: Any = dist.TCPStore(os.environ.get("MASTER_ADDR", "127.0.0.1"),
+                                       int(os.environ.get("MASTER_PORT", "29500")), None, rank == min(running),
+                                       timeout or timedelta(minutes=30), wait_for_workers=False)
+        else:
+            inner = _Local()
+        store = store_class(inner, _share(rank, world, running))
         # torch keeps only the C++ side of a Python store: without a Python
         # reference its methods would be gone when torch calls them.
         _stores.append(store)

@@ -10,8 +10,10 @@ objects through the run's store, which every rank reaches, so that they
 return what they return on a card: each collective of a group has a number,
 the same in every rank (ranks make a group's collectives in the same order,
 as torch requires), and each message from one rank to another a number in
-their pair's order. A rank alone has no peers: see distributed.py's
-docstring for what each call gives it.
+their pair's order. Where only some ranks of the job run (`--world-size`),
+those that run exchange so among themselves, and a rank that does not run is
+taken to have sent what this rank sent: see distributed.py's docstring for
+what each call gives then.
 
 Each patched function takes torch's own signature (read from the function
 it replaces), so that a keyword a later torch adds (2.14's `use_batch`,
@@ -53,16 +55,16 @@ def _group_name(group: Any) -> str:
 
 
 class _Exchange:
-    """The run's store, and the numbers that make a call's key the same in
-    every rank that takes part in it."""
+    """The run's store, the ranks that run, and the numbers that make a
+    call's key the same in every rank that takes part in it."""
 
     def __init__(self) -> None:
         self.counts: dict[str, int] = {}
-        self.alone = False  # a rank alone (patch_object_calls)
+        self.running: frozenset[int] | None = None  # None: every rank runs (patch_object_calls)
 
-    def available(self) -> "_Exchange | None":
-        """None for a rank alone: it has no peers to hear from."""
-        return None if self.alone else self
+    def runs(self, global_rank: int) -> bool:
+        """Whether that rank runs: it sends what it sends, and hears."""
+        return self.running is None or global_rank in self.running
 
     def next_key(self, channel: str) -> str:
         n = self.counts[channel] = self.counts.get(channel, -1) + 1
@@ -121,34 +123,31 @@ def _patched(original: Callable[..., Any], body: Callable[[Callable[..., Any], d
 
 def _all_gather_object(call: Callable[..., Any], a: dict[str, Any]) -> None:
     # torch's own first (its allocations; the virtual NCCL puts this rank's
-    # object in every slot), then the others' where they run.
+    # object in every slot), then the others' from the ranks that run.
     call()
-    ex, group, out = _exchange.available(), a["group"], a["object_list"]
-    if ex is not None:
-        key, store = ex.collective(group), ex.store()
-        store.set(f"{key}/{_my_rank(group)}", pickle.dumps(a["obj"]))
-        for i in range(min(len(out), _size(group))):
+    group, out = a["group"], a["object_list"]
+    key, store = _exchange.collective(group), _exchange.store()
+    store.set(f"{key}/{_my_rank(group)}", pickle.dumps(a["obj"]))
+    for i in range(min(len(out), _size(group))):
+        if _exchange.runs(_global(group, i)):
             out[i] = pickle.loads(store.get(f"{key}/{i}"))
 
 
 def _gather_object(call: Callable[..., Any], a: dict[str, Any]) -> None:
-    group, out, ex = a["group"], a["object_gather_list"], _exchange.available()
-    me = _my_rank(group)
-    if ex is not None:
-        key, store = ex.collective(group), ex.store()
+    group, out = a["group"], a["object_gather_list"]
+    me, dst = _my_rank(group), _group_rank(group, a["dst"], a.get("group_dst"))
+    key, store = _exchange.collective(group), _exchange.store()
+    if _exchange.runs(_global(group, dst)):
         store.set(f"{key}/{me}", pickle.dumps(a["obj"]))
-        if me == _group_rank(group, a["dst"], a.get("group_dst")) and out is not None:
-            for i in range(min(len(out), _size(group))):
-                out[i] = pickle.loads(store.get(f"{key}/{i}"))
-    elif out is not None:
-        for i in range(len(out)):
-            out[i] = a["obj"]
+    if me == dst and out is not None:
+        for i in range(min(len(out), _size(group))):
+            out[i] = pickle.loads(store.get(f"{key}/{i}")) if _exchange.runs(_global(group, i)) else a["obj"]
 
 
 def _broadcast_object_list(call: Callable[..., Any], a: dict[str, Any]) -> None:
     import torch.distributed as dist
 
-    group, objects, ex = a["group"], a["object_list"], _exchange.available()
+    group, objects = a["group"], a["object_list"]
     root, me = _group_rank(group, a["src"], a.get("group_src")), _my_rank(group)
     # As its own source: the source's allocations and collectives, and the
     # list comes back as it went.
@@ -156,38 +155,36 @@ def _broadcast_object_list(call: Callable[..., Any], a: dict[str, Any]) -> None:
         call(src=dist.get_rank(), **({"group_src": None} if "group_src" in a else {}))
     else:
         call(src=None, group_src=me)
-    if ex is not None:
-        key, store = ex.collective(group), ex.store()
-        if me == root:
-            store.set(key, pickle.dumps(list(objects)))
-        else:
-            objects[:] = pickle.loads(store.get(key))[:len(objects)]
+    key, store = _exchange.collective(group), _exchange.store()
+    if me == root:
+        store.set(key, pickle.dumps(list(objects)))
+    elif _exchange.runs(_global(group, root)):
+        objects[:] = pickle.loads(store.get(key))[:len(objects)]
 
 
 def _scatter_object_list(call: Callable[..., Any], a: dict[str, Any]) -> None:
-    group, out, inputs, ex = a["group"], a["scatter_object_output_list"], a["scatter_object_input_list"], \
-        _exchange.available()
-    me = _my_rank(group)
-    if ex is not None:
-        key, store = ex.collective(group), ex.store()
-        if me == _group_rank(group, a["src"], a.get("group_src")):
-            for i, item in enumerate(inputs or ()):
-                store.set(f"{key}/{i}", pickle.dumps(item))
-        out[0] = pickle.loads(store.get(f"{key}/{me}"))
-    else:
+    group, out, inputs = a["group"], a["scatter_object_output_list"], a["scatter_object_input_list"]
+    me, src = _my_rank(group), _group_rank(group, a["src"], a.get("group_src"))
+    key, store = _exchange.collective(group), _exchange.store()
+    if not _exchange.runs(_global(group, src)):
         out[0] = inputs[me] if inputs is not None and me < len(inputs) else None
+        return
+    if me == src:
+        for i, item in enumerate(inputs or ()):
+            store.set(f"{key}/{i}", pickle.dumps(item))
+    out[0] = pickle.loads(store.get(f"{key}/{me}"))
 
 
 def _send_object_list(call: Callable[..., Any], a: dict[str, Any]) -> None:
     # torch's own (the pickled objects on the device, their sizes, the sends),
     # then the objects themselves to the peer where it runs.
-    call()
-    ex, group = _exchange.available(), a["group"]
-    if ex is not None:
-        import torch.distributed as dist
+    import torch.distributed as dist
 
-        dst = _global(group, _group_rank(group, a["dst"], a.get("group_dst")))
-        ex.store().set(ex.message(group, dist.get_rank(), dst), pickle.dumps(list(a["object_list"])))
+    call()
+    group = a["group"]
+    dst = _global(group, _group_rank(group, a["dst"], a.get("group_dst")))
+    if _exchange.runs(dst):
+        _exchange.store().set(_exchange.message(group, dist.get_rank(), dst), pickle.dumps(list(a["object_list"])))
 
 
 def _recv_object_list(call: Callable[..., Any], a: dict[str, Any]) -> int:
@@ -195,11 +192,11 @@ def _recv_object_list(call: Callable[..., Any], a: dict[str, Any]) -> int:
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
-    group, objects, ex = a["group"], a["object_list"], _exchange.available()
+    group, objects = a["group"], a["object_list"]
     src = _global(group, _group_rank(group, a["src"], a.get("group_src")))
-    if ex is None:  # a rank alone: nothing to hear; the list stays as it was
+    if not _exchange.runs(src):  # nothing to hear: the list stays as it was
         return src
-    received = pickle.loads(ex.store().get(ex.message(group, src, dist.get_rank())))
+    received = pickle.loads(_exchange.store().get(_exchange.message(group, src, dist.get_rank())))
     # What torch's own receive allocates on the device, sized by torch's own
     # serialization of what arrived: the sizes, then the bytes (torch's
     # receive into them is what the virtual NCCL cannot carry).
@@ -223,13 +220,13 @@ _BODIES = {"all_gather_object": _all_gather_object, "gather_object": _gather_obj
            "send_object_list": _send_object_list, "recv_object_list": _recv_object_list}
 
 
-def patch_object_calls(*, alone: bool) -> None:
-    """Replaces torch.distributed's object calls (once per process). alone:
-    this process is one rank of a job whose other ranks do not run."""
+def patch_object_calls(*, real_ranks: frozenset[int] | None) -> None:
+    """Replaces torch.distributed's object calls (once per process).
+    real_ranks: the global ranks of the job that run (None: all of them)."""
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
-    _exchange.alone = alone
+    _exchange.running = real_ranks
     if getattr(c10d, "_allocscope_patched", False):
         return
     for name in _NAMES:
