@@ -29,6 +29,22 @@ const char* exchange_dir() {
   return dir;
 }
 
+// Whether the communicator's ranks that run are listed (COMM.running: comma
+// separated) and `root` is not among them.
+bool root_does_not_run(const char* dir, uint64_t comm, int root) {
+  char path[4096];
+  std::snprintf(path, sizeof(path), "%s/%016llx.running", dir, static_cast<unsigned long long>(comm));
+  FILE* f = std::fopen(path, "rb");
+  if (f == nullptr) return false;  // not listed: every rank runs, or nothing is known
+  bool listed = false;
+  for (int r; std::fscanf(f, "%d", &r) == 1;) {
+    listed = listed || r == root;
+    if (std::fgetc(f) != ',') break;
+  }
+  std::fclose(f);
+  return !listed;
+}
+
 }  // namespace
 
 uint64_t fnv1a(const void* data, size_t n, uint64_t h) {
@@ -53,6 +69,7 @@ void exchange_broadcast(uint64_t comm, uint64_t number, int rank, int root, cons
     else std::remove(tmp.c_str());
     return;
   }
+  if (root_does_not_run(exchange_dir(), comm, root)) return;
   auto deadline = std::chrono::steady_clock::now() + kExchangeWait;
   for (auto pause = std::chrono::microseconds(50);; pause = std::min(pause * 2, std::chrono::microseconds(20000))) {
     FILE* f = std::fopen(path, "rb");

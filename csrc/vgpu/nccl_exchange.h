@@ -17,7 +17,12 @@ namespace nccl {
 // root writes its bytes to a file named by the communicator and the
 // broadcast's number, the others wait for it (every rank makes the same
 // broadcasts in the same order, as NCCL requires). A rank alone, or a
-// root that never comes within 60 s, leaves the buffer as it was.
+// root that never comes within 60 s, leaves the buffer as it was. Where
+// only some ranks of the job run (`--ranks`), the store beside the ranks
+// (python/allocscope/vgpu/distributed.py) writes, for each communicator
+// whose id passes through it, the file COMM.running listing the ranks of
+// the communicator that run: a broadcast whose root is not among them
+// leaves the buffer as it was, without waiting.
 void exchange_broadcast(uint64_t comm, uint64_t number, int rank, int root, const void* send, void* recv,
                         size_t bytes);
 

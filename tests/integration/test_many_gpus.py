@@ -82,7 +82,10 @@ def test_a_rank_alone_has_the_peaks_of_that_rank_of_four_processes(tmp_path, fou
     a = allocscope.load(tmp_path / f"alone.rank{rank}.alsc")
     b = allocscope.load(d / f"together.rank{rank}.alsc")
     assert int(recorded_reserved(a).max()) == int(recorded_reserved(b).max())
-    assert a.metadata["distributed"].get("alone") and not b.metadata["distributed"].get("alone")
+    # rank 0 by itself; another rank with rank 0 beside it, unrecorded (the root of the job's broadcasts)
+    assert a.metadata["distributed"]["ranks_run"] == ([0] if rank == 0 else [0, rank])
+    assert a.metadata["distributed"]["alone"] == (rank == 0) and "ranks_run" not in b.metadata["distributed"]
+    assert not os.path.exists(tmp_path / "alone.rank0.alsc") or rank == 0
 
 
 @pytest.mark.heavy
@@ -131,10 +134,21 @@ def test_object_collectives_return_what_they_return_on_a_card_and_follow_the_rul
         assert got["broadcast_object_list"] == [{"config": "only the source's"}]
         assert got["scatter_object_list"] == [f"for {rank}"]
         assert got["gather_object"] == (["from 0", "from 1"] if rank == 0 else None)
-    # A rank alone has no peers: every other rank is taken to have sent what it sent.
+    # Rank 3 of 8 "alone" runs with rank 0 beside it: rank 0's objects arrive, every other rank is taken to
+    # have sent what rank 3 sent.
     got = torch_says(alone(tmp_path, "objects", 8, 3, "obj1"), 3)["objects"]
-    assert got["all_gather_object"] == [{"from": 3}] * 8 and got["broadcast_object_list"] == [None]
-    assert got["scatter_object_list"] == [None] and got["gather_object"] is None
+    assert got["all_gather_object"] == [{"from": 0}] + [{"from": 3}] * 7
+    assert got["broadcast_object_list"] == [{"config": "only the source's"}]
+    assert got["scatter_object_list"] == ["for 3"] and got["gather_object"] is None
+    # Ranks 2 and 5 together, with no rank 0: the source does not run, and its objects are this rank's own.
+    out = tmp_path / "obj2-out"
+    out.mkdir()
+    allocscope_cli(tmp_path, "run", "--gpu", "H100-80GB", "--world-size", "8", "--ranks", "2,5", "--no-record",
+                   "--", SCRIPT, "objects", str(out))
+    for rank in (2, 5):
+        got = torch_says(out, rank)["objects"]
+        assert got["all_gather_object"] == [{"from": r if r in (2, 5) else rank} for r in range(8)]
+        assert got["broadcast_object_list"] == [None] and got["scatter_object_list"] == [None]
 
 
 def nccl_kernels_on_the_card():

@@ -114,7 +114,7 @@ def fit(command: Sequence[str], gpus: Sequence[str], *, output_dir: str = "alloc
         elif world.together:
             doc = fit_document(cmd, [card for gpu in gpus for card in runs.run_together(gpu)], world=world.size)
         else:
-            doc = fit_document(cmd, [runs.run(gpu, rank=r) for gpu in gpus for r in world.ranks], world=world.size)
+            doc = fit_document(cmd, [runs.run_rank(gpu, r) for gpu in gpus for r in world.ranks], world=world.size)
     finally:
         console.close()
     _keep(doc, runs.directory)
@@ -239,20 +239,34 @@ class _Runs:
         role = check_initialized(report, status, rank) if report is not None else None
         return self._result(gpu, path, status, written, started, log, value, rank, routing, role)
 
-    def run_together(self, gpu: str) -> list[dict[str, Any]]:
-        """The world's chosen ranks at once on virtual nodes of `gpu` cards
-        (harness/run.run_together); a card result per rank, with its role."""
+    def run_together(self, gpu: str, world: World | None = None,
+                     companions: frozenset[int] = frozenset()) -> list[dict[str, Any]]:
+        """The chosen ranks (of `world`, else the fit's) at once on virtual
+        nodes of `gpu` cards (harness/run.run_together); a card result per
+        rank but the companions, with its role."""
+        world = world or self.world
         path = self.path(gpu)
         cmd, env, where = self._command(gpu, path, None, None)
-        ranks = self.world.ranks
-        self.console.begin(f"ranks {', '.join(map(str, ranks))} of {self.world.size} together on {where}")
+        ranks = [r for r in world.ranks if r not in companions]
+        beside = " (rank 0 beside it, unrecorded)" if companions else ""
+        self.console.begin(f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} of {world.size}"
+                           f"{' together' if len(ranks) > 1 else ''} on {where}{beside}")
         stem, ext = os.path.splitext(path)
-        logs = [None if self.console.verbose else log_path(f"{stem}.rank{rank}{ext}") for rank in ranks]
+        logs = [None if self.console.verbose or rank in companions else log_path(f"{stem}.rank{rank}{ext}")
+                for rank in world.ranks]
         started = time.monotonic()
-        ended = run_together(cmd, env, self.world, output_to_stderr=self.stdout_to_stderr, logs=logs)
+        ended = run_together(cmd, env, world, output_to_stderr=self.stdout_to_stderr, logs=logs,
+                             companions=companions)
         written = finished_outputs(path)
+        logs = [log for rank, log in zip(world.ranks, logs) if rank not in companions]
         return [self._result(gpu, path, status, written, started, log, rank=rank, role=role)
                 for rank, (status, role), log in zip(ranks, ended, logs)]
+
+    def run_rank(self, gpu: str, rank: int) -> dict[str, Any]:
+        """One rank of the fit's world, "alone": by itself (rank 0), or with
+        rank 0 beside it (World.with_rank0)."""
+        beside = self.world.with_rank0(rank)
+        return self.run(gpu, rank=rank) if beside is None else self.run_together(gpu, beside, frozenset({0}))[0]
 
     def replayed(self, gpu: str, searched: list[str]) -> dict[int, dict[str, Any]]:
         """For a search: this card's results foreseen from the runs made on

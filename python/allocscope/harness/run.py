@@ -9,7 +9,7 @@ import dataclasses
 import os
 import tempfile
 import uuid
-from typing import Iterator, Mapping, Sequence
+from typing import Collection, Iterator, Mapping, Sequence
 
 from ..common.errors import InputError
 from ..recording.limits import ENV_LIMITS, Limits
@@ -97,10 +97,11 @@ ENV_RUN_ID = "ALLOCSCOPE_RUN_ID"
 
 
 @contextlib.contextmanager
-def shared_cards(env: dict[str, str], on_virtual_gpu: bool) -> Iterator[dict[str, str]]:
+def shared_cards(env: dict[str, str], on_virtual_gpu: bool, *, cards: bool = True) -> Iterator[dict[str, str]]:
     """The processes of the run share their virtual cards (one device state
     per card: docs/vgpu.md, "Several processes") and their small
-    broadcasts' bytes ("NCCL"), through files that live as long as the run."""
+    broadcasts' bytes ("NCCL"), through files that live as long as the run.
+    cards=False: only the broadcasts (ranks together, each on a node of its own)."""
     import shutil
 
     from ..vgpu import ENV_EXCHANGE, ENV_SHARED
@@ -112,16 +113,17 @@ def shared_cards(env: dict[str, str], on_virtual_gpu: bool) -> Iterator[dict[str
     exchange = os.path.join(folder, "broadcasts")  # small broadcasts' bytes (csrc/vgpu/nccl.cpp)
     os.mkdir(exchange)
     try:
-        yield {**env, ENV_SHARED: os.path.join(folder, "cards.state"), ENV_EXCHANGE: exchange}
+        yield {**env, **({ENV_SHARED: os.path.join(folder, "cards.state")} if cards else {}), ENV_EXCHANGE: exchange}
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
 
 def run_ranks(cmd: list[str], env: dict[str, str], world: World,
               output_to_stderr: bool = False) -> int:
-    """Runs the chosen ranks, each alone one after the other, or together;
-    the first non-zero status (a rank that never initialized a process
-    group: InputError)."""
+    """Runs the chosen ranks, each alone one after the other (a rank other
+    than 0 with rank 0 beside it, world.with_rank0), or together; the first
+    non-zero status (a rank that never initialized a process group:
+    InputError)."""
     import sys
 
     cards = f"a virtual node of {world.gpus_per_node} card{'s' if world.gpus_per_node > 1 else ''}"
@@ -132,27 +134,59 @@ def run_ranks(cmd: list[str], env: dict[str, str], world: World,
         return next((s for s in statuses if s), 0)
     first = 0
     for rank in world.ranks:
-        print(f"allocscope run: rank {rank} of {world.size}, alone on {cards}", file=sys.stderr)
-        report = report_file()
-        status = wait_for(cmd, rank_environment(env, world, rank, report), output_to_stderr=output_to_stderr)
-        check_initialized(report, status, rank)
+        beside = world.with_rank0(rank)
+        print(f"allocscope run: rank {rank} of {world.size}, on {cards}, the others faked"
+              + (" (rank 0 beside it, unrecorded: the root of what the job broadcasts)" if beside else ""),
+              file=sys.stderr)
+        if beside is not None:
+            ((status, _),) = run_together(cmd, env, beside, output_to_stderr=output_to_stderr, companions={0})
+        else:
+            report = report_file()
+            status = wait_for(cmd, rank_environment(env, world, rank, report), output_to_stderr=output_to_stderr)
+            check_initialized(report, status, rank)
         first = first or status
     return first
 
 
 def run_together(cmd: list[str], env: dict[str, str], world: World, *, output_to_stderr: bool = False,
-                 logs: Sequence[str | None] | None = None) -> list[tuple[int, str | None]]:
+                 logs: Sequence[str | None] | None = None,
+                 companions: Collection[int] = ()) -> list[tuple[int, str | None]]:
     """world.ranks started at once, reaching each other through one store
     on a free port, the other ranks faked; per rank, in world.ranks' order,
     its exit status and its role (world.check_initialized). logs: each
-    rank's output file (None: ours)."""
+    rank's output file (None: ours). companions: ranks that run only for
+    the others to hear from (rank 0 beside a rank alone): not recorded (their
+    capture goes to a scratch folder), their output discarded, not in the
+    answer."""
+    from ..recording.autostart import ENV_OUTPUT
+
     port = free_port()
+    scratch = tempfile.mkdtemp(prefix="allocscope-beside-")
+    logs = list(logs) if logs is not None else [None] * len(world.ranks)
     reports = [report_file() for _ in world.ranks]
-    children = [(cmd, rank_environment(env, world, rank, report, port), log)
-                for rank, report, log in zip(world.ranks, reports, logs or [None] * len(world.ranks))]
-    statuses = wait_for_all(children, output_to_stderr=output_to_stderr)
-    return [(status, check_initialized(report, status, rank))
-            for rank, report, status in zip(world.ranks, reports, statuses)]
+    try:
+        with shared_cards(env, True, cards=False) as env:
+            children = []
+            for rank, report, log in zip(world.ranks, reports, logs):
+                child = rank_environment(env, world, rank, report, port)
+                if rank in companions:
+                    if ENV_OUTPUT in child:
+                        child[ENV_OUTPUT] = os.path.join(scratch, "beside.alsc")
+                    log = os.path.join(scratch, f"rank{rank}.log")
+                children.append((cmd, child, log))
+            statuses = wait_for_all(children, output_to_stderr=output_to_stderr)
+    finally:
+        import shutil
+
+        shutil.rmtree(scratch, ignore_errors=True)
+    ended = [(status, check_initialized(report, status, rank) if rank not in companions else _discard(report))
+             for rank, report, status in zip(world.ranks, reports, statuses)]
+    return [e for rank, e in zip(world.ranks, ended) if rank not in companions]
+
+
+def _discard(report: str) -> None:
+    if os.path.exists(report):
+        os.remove(report)
 
 
 def _device(choice: str) -> str:

@@ -47,6 +47,15 @@ class World:
     def local_rank(self, rank: int) -> int:
         return rank % self.gpus_per_node
 
+    def with_rank0(self, rank: int) -> "World | None":
+        """How a rank other than 0 runs "alone": with rank 0 beside it, the
+        root of what jobs broadcast (DeepSpeed's checks that ranks agree,
+        a configuration, a seed), unrecorded; None for rank 0 (or a world
+        of one), which runs by itself."""
+        if rank == 0 or self.size == 1:
+            return None
+        return World(self.size, (0, rank), self.gpus_per_node, together=True)
+
 
 def parse_world(size: int, ranks: Sequence[int] | None = None, gpus_per_node: int = 8,
                 together: bool = False) -> World:

@@ -27,8 +27,10 @@ def _distributed() -> dict[str, Any]:
         pass
     if os.environ.get("ALLOCSCOPE_RUN_ID"):  # harness/run.py: the run these captures belong to
         info["run_id"] = os.environ["ALLOCSCOPE_RUN_ID"]
-    if os.environ.get("ALLOCSCOPE_SIMULATED_WORLD") == "1":  # one rank of the job, run alone
-        info["alone"] = True
+    if os.environ.get("ALLOCSCOPE_SIMULATED_WORLD") == "1":  # ranks of the job, the others faked (harness/world.py)
+        running = sorted(int(r) for r in os.environ.get("ALLOCSCOPE_REAL_RANKS", "").split(",") if r.strip())
+        info["ranks_run"] = running
+        info["alone"] = len(running) <= 1
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         if key.lower() not in info and key in os.environ:
             try:

@@ -41,6 +41,7 @@ def _row(cap: Capture, report: dict[str, Any]) -> dict[str, Any]:
         "peak_allocated_bytes": report["peak"]["allocated_bytes"],
         "peak_reserved_bytes": (report.get("peak_reserved") or {}).get("reserved_bytes"),
         "device_used_bytes": None, "nccl_bytes": None, "alone": bool(dist.get("alone")),
+        "others_faked": bool(dist.get("alone")) or dist.get("ranks_run") is not None,
     }
     base = cap.baseline("end") or cap.recording_start() or {}
     card = _own_card(base)
@@ -134,7 +135,10 @@ def render_ranks(doc: dict[str, Any], top: int = 10) -> str:
     n = len(doc["ranks"])
     head = f"allocscope: {n} {noun if n == 1 else _plural(noun)}"
     head += f" of a job of {world}" if world else ""
-    head += " (each run alone)" if alone else ""
+    if alone:
+        head += " (each run alone)"
+    elif any(r.get("others_faked") for r in doc["ranks"]):
+        head += " (the job's other ranks faked)"
     lines = [head, ""]
     has_virtual = any("other_contexts" in r for r in doc["ranks"])
     header = [noun, "card", "peak allocated", "peak reserved", "device used", "NCCL"]

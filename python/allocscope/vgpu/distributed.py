@@ -29,6 +29,9 @@ GPU:
 
 from __future__ import annotations
 
+import atexit
+import dataclasses
+import hashlib
 import os
 from datetime import timedelta
 from typing import Any, Iterator
@@ -128,20 +131,36 @@ def _faked_peers_store_class() -> type:
         an NCCL unique id (all zeros), the only value torch reads from its
         peers when creating communicators, except the keys objects.py
         writes, which only running ranks are asked for, and which are
-        waited for."""
+        waited for. A communicator's unique id (ProcessGroupNCCL's key for
+        it, _communicator) is waited for where its root runs, and made up
+        where it does not, the same in every running member; either way
+        its members that run are listed for the virtual NCCL's broadcasts
+        (csrc/vgpu/nccl_exchange.h)."""
 
-        def __init__(self, inner: Any, share: int) -> None:
+        def __init__(self, inner: Any, share: int, running: frozenset[int]) -> None:
             super().__init__()
-            self._inner, self._share = inner, share
+            self._inner, self._share, self._running = inner, share, running
             self._timeout = timedelta(minutes=30)
 
         def set(self, key: str, value: Any) -> None:
+            comm = _communicator(key, self._running)
+            if comm is not None:  # before the id reaches a member: its broadcasts know whom to wait for
+                comm.list_running(raw(value))
             self._inner.set(key, raw(value))
 
         def get(self, key: str) -> bytes:
-            if _KEYS_OF_RANKS_THAT_RUN in key or self._inner.check([key]):
+            if _KEYS_OF_RANKS_THAT_RUN in key:
                 return bytes(self._inner.get(key))
-            return b"\0" * _NCCL_UNIQUE_ID_BYTES
+            comm = _communicator(key, self._running)
+            if self._inner.check([key]) or comm is not None and comm.root_runs:
+                value = bytes(self._inner.get(key))  # (a running root's id: waited for)
+            elif comm is not None:  # an id no running rank publishes: the same in every running member
+                value = hashlib.blake2b(key.encode(), digest_size=64).digest() * 2
+            else:
+                return b"\0" * _NCCL_UNIQUE_ID_BYTES
+            if comm is not None:
+                comm.list_running(value)
+            return value
 
         def add(self, key: str, amount: int) -> int:
             return self._inner.add(key, amount * self._share)
@@ -186,6 +205,76 @@ def _faked_peers_store_class() -> type:
     return FakedPeersStore
 
 
+@dataclasses.dataclass(frozen=True)
+class _Communicator:
+    """An NCCL communicator whose unique id passes through the store: its
+    members that run (their ranks in it), and whether its root (the member
+    that publishes the id) runs."""
+
+    running_members: tuple[int, ...]
+    root_runs: bool
+
+    def list_running(self, unique_id: bytes) -> None:
+        """ID.running in the run's exchange folder, for the virtual NCCL
+        (named by the communicator's id as the stand-in names it)."""
+        folder = os.environ.get("ALLOCSCOPE_VGPU_EXCHANGE")
+        if not folder:
+            return
+        path = os.path.join(folder, f"{_fnv1a(unique_id):016x}.running")
+        text = ",".join(map(str, self.running_members))
+        temporary = f"{path}.{os.getpid()}"
+        with open(temporary, "w") as f:
+            f.write(text)
+        os.replace(temporary, path)  # whole, for a reader in another process
+
+
+def _fnv1a(data: bytes) -> int:
+    """csrc/vgpu/nccl_exchange.cpp's fnv1a, with its offset."""
+    h = 1469598103934665603
+    for byte in data:
+        h = ((h ^ byte) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def _communicator(key: str, running: frozenset[int]) -> _Communicator | None:
+    """The communicator whose unique id ProcessGroupNCCL keeps under `key`
+    (".../GROUP/cuda/N" for a group's N-th communicator, published by its
+    rank 0; ".../GROUP/cuda/A:B" for the pair of group ranks A < B of a
+    point-to-point one, published by A; ".../GROUP/cuda/UniqueNCCLID:I",
+    the I-th of the ids of a large group's communicator
+    (ncclCommInitRankScalable), the first published by its rank 0), None for
+    any other key or a group not known (yet). Of a large group's other ids
+    (whose roots are spread over its ranks) the root is taken not to run:
+    they are made up where no running rank has set them (the virtual NCCL
+    names the communicator by the first alone)."""
+    parts = [p for p in key.split("/") if p]
+    if len(parts) < 3 or parts[-2] != "cuda":
+        return None
+    import torch.distributed.distributed_c10d as c10d
+
+    name, last = parts[-3], parts[-1]
+    ranks = next((c10d._world.pg_group_ranks.get(pg) for pg, n in c10d._world.pg_names.items() if n == name), None)
+    if ranks is None and name == "0":  # the default group, its communicator made inside init_process_group
+        ranks = {r: r for r in range(int(os.environ.get("WORLD_SIZE", "1")))}
+    if not ranks:
+        return None
+    global_of = {g: r for r, g in ranks.items()}
+    root_known = True
+    try:
+        if last.startswith("UniqueNCCLID:"):
+            root_known = int(last.partition(":")[2]) == 0
+            members = [global_of.get(g) for g in range(len(ranks))]
+        elif ":" in last:
+            members = [global_of.get(g) for g in sorted(int(p) for p in last.split(":"))]
+        else:
+            int(last)
+            members = [global_of.get(g) for g in range(len(ranks))]
+    except ValueError:  # a key of another kind
+        return None
+    return _Communicator(tuple(i for i, r in enumerate(members) if r in running),
+                         root_known and members[0] in running)
+
+
 def _share(rank: int, world: int, running: frozenset[int]) -> int:
     """The ranks `rank` stands for in the store's counters: itself, and the
     ranks that do not run for the lowest running rank."""
@@ -200,7 +289,6 @@ def _report_at_exit(path: str | None) -> None:
     a process group (through a rendezvous, or with its own store)."""
     if not path:
         return
-    import atexit
     import json
 
     def write() -> None:
@@ -215,6 +303,20 @@ def _report_at_exit(path: str | None) -> None:
             pass
 
     atexit.register(write)
+
+
+def _destroy_at_exit() -> None:
+    """The process group a script left to the end of the process, destroyed
+    while Python still runs: its C++ side holds this Python store, which it
+    would otherwise release after the interpreter is gone (a segmentation
+    fault at exit, about one run in two, seen with DeepSpeed ZeRO-3)."""
+    import torch.distributed as dist
+
+    try:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:  # (the end of the process: nothing to report it to)
+        pass
 
 
 def _install_rendezvous(running: frozenset[int]) -> None:
@@ -239,9 +341,11 @@ def _install_rendezvous(running: frozenset[int]) -> None:
                                        timeout or timedelta(minutes=30), wait_for_workers=False)
         else:
             inner = _Local()
-        store = store_class(inner, _share(rank, world, running))
+        store = store_class(inner, _share(rank, world, running), running)
         # torch keeps only the C++ side of a Python store: without a Python
         # reference its methods would be gone when torch calls them.
+        if not _stores:
+            atexit.register(_destroy_at_exit)
         _stores.append(store)
         yield store, rank, world
 
