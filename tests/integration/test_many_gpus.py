@@ -89,12 +89,18 @@ def test_a_rank_alone_has_the_peaks_of_that_rank_of_four_processes(tmp_path, fou
 
 
 @pytest.mark.heavy
-@pytest.mark.parametrize("mode, rank", [("hsdp", 3), ("fsdp1", 2)])
-def test_hsdp_and_fsdp1_alone_have_the_peaks_of_four_processes(tmp_path, mode, rank):
-    # Each in a process of its own (HSDP on a 2 x 2 mesh).
-    together = torchrun(tmp_path, mode, 4, "together")
-    by_itself = alone(tmp_path, mode, 4, rank, "alone")
-    assert torch_says(by_itself, rank)["peaks"] == torch_says(together, rank)["peaks"]
+def test_fsdp2_hsdp_fsdp1_one_after_the_other_alone_have_the_peaks_of_four_processes(tmp_path):
+    """FSDP2, then HSDP (a 2 x 2 mesh), then FSDP1 in one process: rank 3 by itself (--ranks 3: no rank 0
+    beside it) and rank 1 (rank 0 beside it) have each mode's peaks of the same ranks among four processes.
+    (Issue 27 saw later modes differ by 1 to 6 MB alone; not seen since, on either torch: this holds it.)"""
+    modes = "fsdp2,hsdp,fsdp1"
+    together = torchrun(tmp_path, modes, 4, "together")
+    by_itself = tmp_path / "by-itself-out"
+    by_itself.mkdir()
+    allocscope_cli(tmp_path, "run", "--gpu", "H100-80GB", "--world-size", "4", "--ranks", "3", "--no-record", "--",
+                   SCRIPT, modes, str(by_itself))
+    assert torch_says(by_itself, 3)["peaks"] == torch_says(together, 3)["peaks"]
+    assert torch_says(alone(tmp_path, modes, 4, 1, "alone"), 1)["peaks"] == torch_says(together, 1)["peaks"]
 
 
 def test_sequence_parallel_and_fsdp2_x_tp_ranks_together_and_alone_peak_as_all_four_processes(tmp_path):
