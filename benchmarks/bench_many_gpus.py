@@ -20,6 +20,16 @@ beside them the estimators people use. Prints JSON.
   on the fake process group (what torchtitan's estimator runs), and the
   virtual run's peak reserved memory (torch's own, on its real caching
   allocator), each with its error against that peak.
+- mesh3d (--mesh3d: this part alone): a Llama-3-8B-shaped job as torchtitan
+  builds it (tests/scripts/mesh3d.py: 1F1B pipeline of 4 stages x FSDP2 x
+  tensor parallel 8 with sequence parallel, micro-batches of one 8192-token
+  sequence) at world sizes 64 and 1024, one rank per stage run together
+  under `allocscope fit --ranks` (the others faked): wall time, host memory,
+  each stage's peaks and role; beside them the textbook model states per
+  rank (16 bytes a parameter of its stage, sharded over tp x dp). DeepSpeed's
+  ZeRO-3 formula and FSDPMemTracker do not cover pipeline or tensor
+  parallelism, and torchtitan's estimator refuses both (torchtitan is not
+  installed here): none is run on this job.
 """
 
 from __future__ import annotations
@@ -81,7 +91,8 @@ def _measured(cmd: list[str], env: dict[str, str] | None = None) -> dict:
     t.join()
     if child.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} exited {child.returncode}: {err[-2000:]}")
-    return {"seconds": round(time.perf_counter() - t0, 2), "max_host_rss_mib": round(peak[0] / 2**20, 1)}
+    return {"seconds": round(time.perf_counter() - t0, 2), "max_host_rss_mib": round(peak[0] / 2**20, 1),
+            "stdout": out}
 
 
 def _ranks(folder: str) -> dict[int, dict]:
@@ -99,6 +110,7 @@ def dry_run(size: str, procs: int) -> dict:
                        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(procs),
                        SCRIPT, "--size", size, "--out", d])
         ranks = _ranks(d)
+    m.pop("stdout")
     return {"size": size, "processes": procs, **m,
             "ranks": {r: {k: v[k] for k in ("max_memory_reserved", "max_memory_allocated")} for r, v in ranks.items()},
             "parameters": ranks[0]["parameters"], "largest_layer_parameters": ranks[0]["largest_layer_parameters"]}
@@ -109,6 +121,7 @@ def alone(size: str, world: int, rank: int = 0) -> dict:
         m = _measured([sys.executable, "-m", "allocscope", "run", "--gpu", "H100-80GB", "--world-size", str(world),
                        "--rank", str(rank), "--no-record", "--", SCRIPT, "--size", size, "--out", d])
         r = _ranks(d)[rank]
+    m.pop("stdout")
     return {"size": size, "world_size": world, "rank": rank, **m, "max_memory_reserved": r["max_memory_reserved"],
             "max_memory_allocated": r["max_memory_allocated"], "parameters": r["parameters"],
             "largest_layer_parameters": r["largest_layer_parameters"]}
@@ -142,11 +155,42 @@ def estimates(job: dict, world: int, real: int, tracker: dict) -> dict:
     return out
 
 
+MESH3D = os.path.join(ROOT, "tests", "scripts", "mesh3d.py")
+
+
+def mesh3d(world: int, pp: int = 4, tp: int = 8) -> dict:
+    dp = world // (pp * tp)
+    ranks = f"0:{world}:{world // pp}"
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "out")
+        os.mkdir(out)
+        cmd = [sys.executable, "-m", "allocscope", "fit", "--gpu", "H100-80GB", "--world-size", str(world), "--ranks",
+               ranks, "--json", "-o", os.path.join(d, "fit"), "--", MESH3D, out, str(pp), str(dp), str(tp), "llama3-8b"]
+        m = _measured(cmd)
+        doc, said = json.loads(m.pop("stdout")), _ranks(out)
+    stages = []
+    for card in sorted(doc["cards"], key=lambda c: c["rank"]):
+        mine = said[card["rank"]]
+        textbook = 16 * mine["stage_parameters"] // (tp * dp)
+        stages.append({"rank": card["rank"], "role": card.get("role"), "verdict": card["verdict"],
+                       "peak_reserved": card.get("peak_reserved_bytes"), "peak_allocated": card.get("peak_allocated_bytes"),
+                       "torch_max_memory_reserved": mine["max_memory_reserved"],
+                       "stage_parameters": mine["stage_parameters"],
+                       "textbook_model_states": {"bytes": textbook,
+                                                 "error_pct": _pct(textbook, mine["max_memory_reserved"])}})
+    return {"world_size": world, "mesh": {"pp": pp, "dp": dp, "tp": tp}, "ranks": ranks, **m,
+            "job": doc["jobs"][0], "stages": stages}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out")
     parser.add_argument("--quick", action="store_true", help="the 4-process dry run and world 8 only")
+    parser.add_argument("--mesh3d", action="store_true", help="the 3-D mesh Llama-3-8B job alone")
     args = parser.parse_args()
+    if args.mesh3d:
+        emit({"benchmark": "many_gpus_mesh3d", **environment(), "mesh3d": [mesh3d(w) for w in (64, 1024)]}, args.out)
+        return
     report: dict = {"benchmark": "many_gpus", **environment(), "dry_runs": [], "alone": [], "estimates": []}
     for procs in (4,) if args.quick else (4, 8):
         job = dry_run("1b", procs)

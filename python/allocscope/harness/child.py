@@ -122,11 +122,41 @@ def wait_for_all(children: Sequence[tuple[list[str], dict[str, str], str | None]
 
     previous_term = signal.signal(signal.SIGTERM, forward)
     try:
-        statuses = [child.wait() for child in started]
+        statuses = _wait_all(started) if len(started) > 1 else [started[0].wait()]
     finally:
         signal.signal(signal.SIGINT, previous)
         signal.signal(signal.SIGTERM, previous_term)
     return [status if status >= 0 else 128 - status for status in statuses]
+
+
+# Processes that wait for each other (ranks together): once one has failed,
+# how long the others may go on before they are stopped (SIGTERM: their
+# captures are finished), and how long after that before SIGKILL.
+PEER_FAILED_GRACE_S = 20.0
+STOP_GRACE_S = 30.0
+
+
+def _wait_all(started: list[subprocess.Popen]) -> list[int]:
+    """Waits for every child; once one has exited with a non-zero status,
+    stops those still running after PEER_FAILED_GRACE_S: a rank that waits
+    for a peer that died would wait for it to the end of its timeout."""
+    failed_at = stopped_at = None
+    while any(child.poll() is None for child in started):
+        now = time.monotonic()
+        if failed_at is None and any(child.returncode not in (None, 0) for child in started):
+            failed_at = now
+        if failed_at is not None and stopped_at is None and now - failed_at > PEER_FAILED_GRACE_S:
+            stopped_at = now
+            print("allocscope: a rank failed; stopping the ranks still waiting for it", file=sys.stderr)
+            for child in started:
+                if child.poll() is None:
+                    child.terminate()
+        if stopped_at is not None and now - stopped_at > STOP_GRACE_S:
+            for child in started:
+                if child.poll() is None:
+                    child.kill()
+        time.sleep(0.05)
+    return [child.wait() for child in started]
 
 
 def _start(cmd: list[str], env: dict[str, str], output_to_stderr: bool, log: str | None) -> subprocess.Popen:
