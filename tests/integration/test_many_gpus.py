@@ -122,6 +122,22 @@ def test_sequence_parallel_and_fsdp2_x_tp_ranks_together_and_alone_peak_as_all_f
     assert torch_says(by_itself, 3)["peaks"] == torch_says(everyone, 3)["peaks"]
 
 
+@pytest.mark.heavy
+def test_context_parallel_ranks_alone_peak_as_among_all_processes(tmp_path):
+    """Ring attention over a sequence sharded on 2 ranks: rank 1 (with rank 0 beside it) has torch's peaks of
+    rank 1 among two processes under torchrun, and holds half the sequence."""
+    script = os.path.join(ROOT, "tests", "scripts", "context_parallel.py")
+    everyone, by_itself = tmp_path / "all", tmp_path / "alone"
+    everyone.mkdir()
+    by_itself.mkdir()
+    allocscope_cli(tmp_path, "run", "--gpu", "2xH100-80GB", "--no-record", "--", sys.executable, "-m",
+                   "torch.distributed.run", "--standalone", "--nproc-per-node", "2", script, str(everyone))
+    allocscope_cli(tmp_path, "run", "--gpu", "H100-80GB", "--world-size", "2", "--rank", "1", "--no-record", "--",
+                   script, str(by_itself))
+    assert torch_says(by_itself, 1) == torch_says(everyone, 1)
+    assert torch_says(everyone, 1)["local_sequence"] == 4096 // 2
+
+
 def test_a_rank_alone_of_a_thousand_runs_fsdp2_with_the_smallest_shards(tmp_path):
     small = torch_says(alone(tmp_path, "fsdp2", 1024, 1023, "big"), 1023)
     large = torch_says(alone(tmp_path, "fsdp2", 2, 1, "small"), 1)

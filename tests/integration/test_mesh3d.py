@@ -43,4 +43,4 @@ def test_the_stages_together_peak_as_the_same_ranks_of_eight_processes(tmp_path)
     for card in doc["cards"]:
         torch_says = json.loads((everyone / f"rank{card['rank']}.json").read_text())
         assert card["peak_reserved_bytes"] == torch_says["max_memory_reserved"]
-        assert json.loads((out / f"rank{card["rank"]}.json").read_text()) == torch_says
+        assert json.loads((out / f"rank{card['rank']}.json").read_text()) == torch_says
