@@ -7,6 +7,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import shutil
+import sys
 import tempfile
 import uuid
 from typing import Collection, Iterator, Mapping, Sequence
@@ -102,8 +104,6 @@ def shared_cards(env: dict[str, str], on_virtual_gpu: bool, *, cards: bool = Tru
     per card: docs/vgpu.md, "Several processes") and their small
     broadcasts' bytes ("NCCL"), through files that live as long as the run.
     cards=False: only the broadcasts (ranks together, each on a node of its own)."""
-    import shutil
-
     from ..vgpu import ENV_EXCHANGE, ENV_SHARED
 
     if not on_virtual_gpu:
@@ -124,8 +124,6 @@ def run_ranks(cmd: list[str], env: dict[str, str], world: World,
     than 0 with rank 0 beside it, world.with_rank0), or together; the first
     non-zero status (a rank that never initialized a process group:
     InputError)."""
-    import sys
-
     cards = f"a virtual node of {world.gpus_per_node} card{'s' if world.gpus_per_node > 1 else ''}"
     if world.together:
         print(f"allocscope run: ranks {', '.join(map(str, world.ranks))} of {world.size} together, each on "
@@ -175,13 +173,25 @@ def run_together(cmd: list[str], env: dict[str, str], world: World, *, output_to
                     log = os.path.join(scratch, f"rank{rank}.log")
                 children.append((cmd, child, log))
             statuses = wait_for_all(children, output_to_stderr=output_to_stderr)
+        for (_, _, log), rank, status in zip(children, world.ranks, statuses):
+            if rank in companions and status != 0:
+                _say_companion_failed(rank, status, log, [r for r in world.ranks if r not in companions])
     finally:
-        import shutil
-
         shutil.rmtree(scratch, ignore_errors=True)
     ended = [(status, check_initialized(report, status, rank) if rank not in companions else _discard(report))
              for rank, report, status in zip(world.ranks, reports, statuses)]
     return [e for rank, e in zip(world.ranks, ended) if rank not in companions]
+
+
+def _say_companion_failed(rank: int, status: int, log: str, beside: list[int]) -> None:
+    """A rank run only to be heard from failed: the ranks beside it lost their peer (their own verdict says
+    what became of them); the end of its output, whose log goes with the scratch folder."""
+    from .console import tail
+
+    print(f"allocscope: rank {rank}, run beside rank {', '.join(map(str, beside))} to be heard from, failed "
+          f"(exit status {status}); the last lines of its output:", file=sys.stderr)
+    for line in tail(log):
+        print(f"  | {line}", file=sys.stderr)
 
 
 def _discard(report: str) -> None:
