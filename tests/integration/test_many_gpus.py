@@ -103,6 +103,7 @@ def test_fsdp2_hsdp_fsdp1_one_after_the_other_alone_have_the_peaks_of_four_proce
     assert torch_says(alone(tmp_path, modes, 4, 1, "alone"), 1)["peaks"] == torch_says(together, 1)["peaks"]
 
 
+@pytest.mark.heavy
 def test_sequence_parallel_and_fsdp2_x_tp_ranks_together_and_alone_peak_as_all_four_processes(tmp_path):
     """TP with sequence parallel on 4 ranks, then FSDP2 x TP on a 2 x 2 mesh: the four ranks run together as
     ranks of a world of 4 (--ranks 0-3), and rank 3 alone, have each mode's peaks of the same rank among four

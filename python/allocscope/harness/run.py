@@ -150,7 +150,7 @@ def run_together(cmd: list[str], env: dict[str, str], world: World, *, output_to
                  logs: Sequence[str | None] | None = None,
                  companions: Collection[int] = ()) -> list[tuple[int, str | None]]:
     """world.ranks started at once, reaching each other through one store
-    on a free port, the other ranks faked; per rank, in world.ranks' order,
+    (vgpu/distributed.py: the lowest serves it), the other ranks faked; per rank, in world.ranks' order,
     its exit status and its role (world.check_initialized). logs: each
     rank's output file (None: ours). companions: ranks that run only for
     the others to hear from (rank 0 beside a rank alone): not recorded (their

@@ -319,6 +319,33 @@ def _destroy_at_exit() -> None:
         pass
 
 
+def _shared_store(serves: bool, timeout: timedelta) -> Any:
+    """The TCPStore of ranks together: the lowest serves it on a port the
+    system gives it and writes the port into the run's exchange folder, where
+    the others read it (a port chosen beforehand could be taken in between,
+    by any connection's local end, on a busy machine)."""
+    import time
+
+    import torch.distributed as dist
+
+    from . import ENV_EXCHANGE
+
+    path = os.path.join(os.environ[ENV_EXCHANGE], "store.port")
+    if serves:
+        store = dist.TCPStore("127.0.0.1", 0, None, True, timeout, wait_for_workers=False)
+        with open(f"{path}.{os.getpid()}", "w") as f:
+            f.write(str(store.port))
+        os.replace(f"{path}.{os.getpid()}", path)
+        return store
+    deadline = time.monotonic() + timeout.total_seconds()
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise RuntimeError("allocscope: the lowest of the ranks run together never served their store")
+        time.sleep(0.02)
+    with open(path) as f:
+        return dist.TCPStore("127.0.0.1", int(f.read()), None, False, timeout)
+
+
 def _install_rendezvous(running: frozenset[int]) -> None:
     import importlib
 
@@ -336,9 +363,7 @@ def _install_rendezvous(running: frozenset[int]) -> None:
         rank = rank if rank >= 0 else int(os.environ.get("RANK", "0"))
         world = world if world > 0 else int(os.environ.get("WORLD_SIZE", "1"))
         if len(running) > 1:  # together: one store, served by the lowest running rank
-            inner: Any = dist.TCPStore(os.environ.get("MASTER_ADDR", "127.0.0.1"),
-                                       int(os.environ.get("MASTER_PORT", "29500")), None, rank == min(running),
-                                       timeout or timedelta(minutes=30), wait_for_workers=False)
+            inner: Any = _shared_store(rank == min(running), timeout or timedelta(minutes=30))
         else:
             inner = _Local()
         store = store_class(inner, _share(rank, world, running), running)
