@@ -29,6 +29,7 @@ from typing import Any, Mapping
 from ..common.errors import InputError
 # The tables of cuDNN's workspaces recorded on cards (csrc/vgpu/cudnn_tables.h); default: the ones shipped
 from .cudnn import CUDNN_TABLES, ENV_CUDNN_TABLES
+from .distributed import ENV_EXCHANGE
 from .routing import ENV_COMPUTE, ENV_ROUTING, parse_mode, parse_routing
 
 __all__ = [
@@ -63,8 +64,6 @@ ENV_CONTEXT = "ALLOCSCOPE_VGPU_CONTEXT"  # bytes: the CUDA context's share of ea
 ENV_EVENT_POLLS = "ALLOCSCOPE_VGPU_EVENT_POLLS"  # queries an event stays pending for (default 1)
 # A file through which the processes of a run share their cards (csrc/vgpu/shared.h)
 ENV_SHARED = "ALLOCSCOPE_VGPU_SHARED"
-# A folder through which the virtual NCCL's small broadcasts move real bytes between the processes of a run
-ENV_EXCHANGE = "ALLOCSCOPE_VGPU_EXCHANGE"
 
 ENV_TRITON_LIBCUDA = "TRITON_LIBCUDA_PATH"
 LIB_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib")

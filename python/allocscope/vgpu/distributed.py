@@ -38,12 +38,16 @@ from typing import Any, Iterator
 
 from .objects import patch_object_calls
 
-__all__ = ["ENV_REAL_RANKS", "ENV_WORLD", "install", "real_ranks"]
+__all__ = ["ENV_EXCHANGE", "ENV_REAL_RANKS", "ENV_WORLD", "install", "real_ranks"]
 
 # "1" in a process that is one rank of a job whose other ranks do not all run.
 ENV_WORLD = "ALLOCSCOPE_SIMULATED_WORLD"
 # The ranks of that job that run, this one among them: "0,16,32,48".
 ENV_REAL_RANKS = "ALLOCSCOPE_REAL_RANKS"
+# A folder through which the processes of a run exchange what the virtual NCCL
+# and ranks together share: small broadcasts' bytes (csrc/vgpu/nccl_exchange.h),
+# communicators' running members, the port of the ranks' store.
+ENV_EXCHANGE = "ALLOCSCOPE_VGPU_EXCHANGE"
 # ncclUniqueId's size: what a store read of an id a rank that does not run
 # would have published returns (the virtual NCCL ignores its content).
 _NCCL_UNIQUE_ID_BYTES = 128
@@ -217,7 +221,7 @@ class _Communicator:
     def list_running(self, unique_id: bytes) -> None:
         """ID.running in the run's exchange folder, for the virtual NCCL
         (named by the communicator's id as the stand-in names it)."""
-        folder = os.environ.get("ALLOCSCOPE_VGPU_EXCHANGE")
+        folder = os.environ.get(ENV_EXCHANGE)
         if not folder:
             return
         path = os.path.join(folder, f"{_fnv1a(unique_id):016x}.running")
@@ -327,8 +331,6 @@ def _shared_store(serves: bool, timeout: timedelta) -> Any:
     import time
 
     import torch.distributed as dist
-
-    from . import ENV_EXCHANGE
 
     path = os.path.join(os.environ[ENV_EXCHANGE], "store.port")
     if serves:
