@@ -180,6 +180,8 @@ ncclResult_t load_kernels(int device) {
   }
   void* p = nullptr;
   if (vgpu::malloc_nccl(device, kKernelBytes, &p) != vgpu::Result::kOk) {
+    std::lock_guard<std::mutex> lock(mu);
+    loaded.erase(device);  // not loaded: the next communicator tries again
     return fail(ncclUnhandledCudaError, "Cuda failure 'out of memory' (NCCL's kernels on the virtual GPU)");
   }
   return ncclSuccess;
