@@ -123,6 +123,37 @@ def test_sequence_parallel_and_fsdp2_x_tp_ranks_together_and_alone_peak_as_all_f
     assert torch_says(by_itself, 3)["peaks"] == torch_says(everyone, 3)["peaks"]
 
 
+BROADCASTS = """
+import json, os, sys, torch, torch.distributed as dist
+dist.init_process_group("nccl")
+rank = dist.get_rank()
+torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+got = {}
+for src in (0, 1):  # rank 0 does not run; rank 1 does
+    t = torch.tensor([rank] * 4, device="cuda")  # (copied from the host: real bytes)
+    dist.broadcast(t, src=src)
+    got[src] = t.tolist()
+with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
+    json.dump(got, f)
+dist.destroy_process_group()
+"""
+
+
+def test_small_broadcasts_between_ranks_together_carry_bytes_and_skip_ranks_that_do_not_run(tmp_path):
+    """Ranks 1 and 2 of 4 together: rank 1's broadcast reaches rank 2 byte for byte; one from rank 0, which does
+    not run, leaves each buffer as it was, at once (the virtual NCCL would otherwise wait 60 s for it, and say so)."""
+    script = tmp_path / "broadcasts.py"
+    script.write_text(BROADCASTS)
+    out = tmp_path / "out"
+    out.mkdir()
+    r = allocscope_cli(tmp_path, "run", "--gpu", "H100-80GB", "--world-size", "4", "--ranks", "1,2", "--no-record",
+                       "--", str(script), str(out))
+    assert "waited" not in r.stderr
+    for rank in (1, 2):
+        got = torch_says(out, rank)
+        assert got["0"] == [rank] * 4 and got["1"] == [1] * 4
+
+
 @pytest.mark.heavy
 def test_context_parallel_ranks_alone_peak_as_among_all_processes(tmp_path):
     """Ring attention over a sequence sharded on 2 ranks: rank 1 (with rank 0 beside it) has torch's peaks of

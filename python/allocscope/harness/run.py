@@ -16,7 +16,7 @@ from typing import Collection, Iterator, Mapping, Sequence
 from ..common.errors import InputError
 from ..recording.limits import ENV_LIMITS, Limits
 from .child import command_line, finished_outputs, outputs, wait_for, wait_for_all
-from .world import World, check_initialized, free_port, rank_environment, report_file
+from .world import World, check_initialized, rank_environment, report_file
 
 __all__ = ["RunResult", "run_command"]
 
@@ -158,7 +158,6 @@ def run_together(cmd: list[str], env: dict[str, str], world: World, *, output_to
     answer."""
     from ..recording.autostart import ENV_OUTPUT
 
-    port = free_port()
     scratch = tempfile.mkdtemp(prefix="allocscope-beside-")
     logs = list(logs) if logs is not None else [None] * len(world.ranks)
     reports = [report_file() for _ in world.ranks]
@@ -166,7 +165,7 @@ def run_together(cmd: list[str], env: dict[str, str], world: World, *, output_to
         with shared_cards(env, True, cards=False) as env:
             children = []
             for rank, report, log in zip(world.ranks, reports, logs):
-                child = rank_environment(env, world, rank, report, port)
+                child = rank_environment(env, world, rank, report)
                 if rank in companions:
                     if ENV_OUTPUT in child:
                         child[ENV_OUTPUT] = os.path.join(scratch, "beside.alsc")
@@ -178,9 +177,13 @@ def run_together(cmd: list[str], env: dict[str, str], world: World, *, output_to
                 _say_companion_failed(rank, status, log, [r for r in world.ranks if r not in companions])
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    ended = [(status, check_initialized(report, status, rank) if rank not in companions else _discard(report))
-             for rank, report, status in zip(world.ranks, reports, statuses)]
-    return [e for rank, e in zip(world.ranks, ended) if rank not in companions]
+    ended = []
+    for rank, report, status in zip(world.ranks, reports, statuses):
+        if rank in companions:
+            _discard(report)
+        else:
+            ended.append((status, check_initialized(report, status, rank)))
+    return ended
 
 
 def _say_companion_failed(rank: int, status: int, log: str, beside: list[int]) -> None:

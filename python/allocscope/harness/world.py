@@ -25,8 +25,7 @@ from typing import Mapping, Sequence
 
 from ..common.errors import InputError
 
-__all__ = ["ENV_WORLD_REPORT", "World", "check_initialized", "free_port", "parse_ranks", "parse_world",
-           "rank_environment"]
+__all__ = ["ENV_WORLD_REPORT", "World", "check_initialized", "parse_ranks", "parse_world", "rank_environment"]
 
 # Where a rank run alone writes {"initialized": bool} at exit.
 ENV_WORLD_REPORT = "ALLOCSCOPE_WORLD_REPORT"
@@ -115,11 +114,9 @@ def node_gpus(gpu: str, world: World) -> str:
     return f"{world.gpus_per_node}x{vgpu.device_spec(presets)}"
 
 
-def rank_environment(base: Mapping[str, str], world: World, rank: int, report_path: str,
-                     port: int = 29500) -> dict[str, str]:
+def rank_environment(base: Mapping[str, str], world: World, rank: int, report_path: str) -> dict[str, str]:
     """The environment torchrun would give the worker of `rank`, plus what
-    makes the ranks not chosen fake (and, for ranks together, which run and
-    the port of their store)."""
+    makes the ranks not chosen fake (and which ranks run)."""
     from ..vgpu.distributed import ENV_REAL_RANKS, ENV_WORLD
 
     env = dict(base)
@@ -128,20 +125,11 @@ def rank_environment(base: Mapping[str, str], world: World, rank: int, report_pa
         "LOCAL_RANK": str(world.local_rank(rank)), "LOCAL_WORLD_SIZE": str(world.gpus_per_node),
         "GROUP_RANK": str(rank // world.gpus_per_node), "NODE_RANK": str(rank // world.gpus_per_node),
         "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world.size),
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
         ENV_WORLD: "1", ENV_WORLD_REPORT: report_path,
         ENV_REAL_RANKS: ",".join(map(str, world.ranks if world.together else (rank,))),
     })
     return env
-
-
-def free_port() -> int:
-    """A TCP port free now on this machine, for the store of ranks run together."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def report_file() -> str:
