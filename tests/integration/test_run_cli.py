@@ -79,6 +79,22 @@ def test_spawned_worker_processes_write_their_own_files(tmp_path):
 
 
 @pytest.mark.torch_agnostic  # the command line's and the harness's logic
+def test_a_ranks_child_process_does_not_write_into_the_ranks_file(tmp_path):
+    # Inductor's compile workers and spawned data loader workers inherit the
+    # rank's RANK: the rank's .rankN file is the rank's own, theirs .pidN
+    result, out = run(tmp_path, "--", "env", "RANK=1", "WORLD_SIZE=2", sys.executable, SCRIPT, "spawn")
+    assert result.returncode == 0, result.stderr
+    assert not out.exists()
+    rank = allocscope.load(tmp_path / "run.rank1.alsc")
+    others = [p for p in os.listdir(tmp_path) if p.startswith("run.pid")]
+    assert len(others) == 1, os.listdir(tmp_path)
+    worker = allocscope.load(tmp_path / others[0])
+    assert rank.complete and worker.complete and not rank.warnings
+    assert (rank.events.size == 54321).any() and not (worker.events.size == 54321).any()
+    assert (worker.events.size == 77 * 4).any()
+
+
+@pytest.mark.torch_agnostic  # the command line's and the harness's logic
 def test_a_worker_process_that_holds_no_memory_leaves_no_file(tmp_path):
     # Inductor's compile workers import torch (and initialize CUDA) but hold
     # no memory: one empty FILE.pidN per worker said nothing

@@ -36,14 +36,21 @@ def child_environment(base: Mapping[str, str], output: str, options: dict[str, A
 
 def output_path(base: str) -> str:
     """The file this process writes: FILE for the first process of the run,
-    FILE with .rankN (torchrun) or .pidN added for the others."""
+    FILE with .rankN (torchrun's rank N) or .pidN added for the others.
+
+    Each name is claimed by the first process that asks for it: a rank's
+    own Python children (Inductor's compile workers, a data loader's
+    spawned workers) inherit its RANK, and would otherwise write into the
+    rank's file while it is being written."""
     stem, ext = os.path.splitext(base)
     rank = os.environ.get("RANK")
     if rank is not None and rank.isdigit() and os.environ.get("WORLD_SIZE", "1") != "1":
-        return f"{stem}.rank{rank}{ext}"
+        first = f"{stem}.rank{rank}{ext}"
+    else:
+        first = base
     try:
-        os.close(os.open(base, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))  # claim FILE
-        return base
+        os.close(os.open(first, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        return first
     except FileExistsError:
         return f"{stem}.pid{os.getpid()}{ext}"
 
