@@ -11,8 +11,9 @@ from typing import Any
 
 __all__ = ["describe_role", "record_roles"]
 
-# The largest mesh the script made (its coordinates in it: names, sizes),
-# and the pipeline stages this rank holds (stage index, number of stages).
+# The mesh the script made that tells most of this rank's place (its
+# coordinates in it: names, sizes), and the pipeline stages this rank holds
+# (stage index, number of stages).
 _mesh: dict[str, Any] = {}
 _stages: list[tuple[int, int]] = []
 
@@ -47,11 +48,16 @@ def _patch_device_mesh() -> None:
 
     def note(mesh: Any) -> None:
         coordinate = mesh.get_coordinate()
-        if coordinate is None or mesh.mesh.numel() <= _mesh.get("size", 0):
-            return  # not a member, or a part of a larger mesh
+        shape = list(mesh.mesh.shape)
+        # The largest mesh, and of meshes over the same ranks (torchtitan
+        # makes a flat "world" mesh, then unflattens it into several named
+        # views) the first with the most parallel dimensions: a part of a
+        # larger mesh, or a flat view, tells less.
+        telling = (mesh.mesh.numel(), sum(n > 1 for n in shape))
+        if coordinate is None or telling <= tuple(_mesh.get("telling", (0, 0))):
+            return
         names = mesh.mesh_dim_names or tuple(f"dim{i}" for i in range(mesh.ndim))
-        _mesh.update(size=mesh.mesh.numel(), names=list(names), shape=list(mesh.mesh.shape),
-                     coordinate=list(coordinate))
+        _mesh.update(telling=telling, names=list(names), shape=shape, coordinate=list(coordinate))
 
     _after_init(DeviceMesh, note)
 
@@ -71,6 +77,7 @@ def describe_role() -> str | None:
         indices = sorted({i for i, _ in _stages})
         parts.append(f"stage{'s' if len(indices) > 1 else ''} {', '.join(map(str, indices))} of {_stages[0][1]}")
     if _mesh:
-        parts.append(", ".join(f"{name} {c}/{n}" for name, c, n in zip(_mesh["names"], _mesh["coordinate"],
-                                                                      _mesh["shape"])))
+        dims = list(zip(_mesh["names"], _mesh["coordinate"], _mesh["shape"]))
+        parallel = [d for d in dims if d[2] > 1] or dims  # a dimension of degree 1 says nothing
+        parts.append(", ".join(f"{name} {c}/{n}" for name, c, n in parallel))
     return "; ".join(parts) or None
