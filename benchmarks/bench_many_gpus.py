@@ -30,6 +30,17 @@ beside them the estimators people use. Prints JSON.
   ZeRO-3 formula and FSDPMemTracker do not cover pipeline or tensor
   parallelism, and torchtitan's estimator refuses both (torchtitan is not
   installed here): none is run on this job.
+- torchtitan (--torchtitan: this part alone; torchtitan installed, its
+  tests/assets written by tests/scripts/torchtitan_assets.py): torchtitan's
+  own train.py, unmodified, with its llama3_8b config (1F1B over 4 stages x
+  FSDP2 x tensor parallel, 4 micro-batches of one 8192-token sequence, 2
+  steps) at world sizes 64 (dp 8 x tp 2) and 1024 (dp 32 x tp 8), one rank
+  per stage together under `allocscope fit --ranks`: wall time, host memory,
+  each stage's peaks and role, the textbook model states of its stage
+  (Llama-3-8B's shapes); beside it torchtitan's own dry run
+  (--comm.mode fake_backend, rank 0 alone on a virtual card) and what it
+  says. (torchtitan's FSDPMemTracker estimator, scripts/estimate, which
+  refused TP and PP, was removed in February 2026, before 0.3.0.)
 """
 
 from __future__ import annotations
@@ -74,9 +85,9 @@ def _tree_rss(root: int) -> int:
     return total
 
 
-def _measured(cmd: list[str], env: dict[str, str] | None = None) -> dict:
+def _measured(cmd: list[str], env: dict[str, str] | None = None, cwd: str | None = None) -> dict:
     t0 = time.perf_counter()
-    child = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     peak = [0]
     done = threading.Event()
 
@@ -182,12 +193,88 @@ def mesh3d(world: int, pp: int = 4, tp: int = 8) -> dict:
             "job": doc["jobs"][0], "stages": stages}
 
 
+TORCHTITAN_8B = ["-m", "torchtitan.train", "--module", "llama3", "--config", "llama3_8b",
+                 "--hf_assets_path", "./tests/assets/tokenizer", "--dataloader.dataset", "c4_test",
+                 "--training.steps", "2", "--training.local_batch_size", "4", "--training.disable_cuda_graphs"]
+
+
+def _llama3_8b_stage_parameters(stage: int, stages: int = 4) -> int:
+    """Llama-3-8B's parameters in one of torchtitan's even pipeline stages:
+    dim 4096, 32 layers (32 query and 8 key/value heads of 128, SwiGLU of
+    14336), vocabulary 128256; the embedding in the first stage, the final
+    norm and the output projection in the last."""
+    dim, kv, hidden, vocab, layers = 4096, 1024, 14336, 128256, 32
+    layer = 2 * dim * dim + 2 * dim * kv + 3 * dim * hidden + 2 * dim
+    n = layers // stages * layer
+    if stage == 0:
+        n += vocab * dim
+    if stage == stages - 1:
+        n += dim + vocab * dim
+    return n
+
+
+def torchtitan(world: int, tp: int, pp: int = 4) -> dict:
+    dp = world // (pp * tp)
+    ranks = f"0:{world}:{world // pp}"
+    mesh = ["--parallelism.data_parallel_shard_degree", str(dp), "--parallelism.tensor_parallel_degree", str(tp),
+            "--parallelism.pipeline_parallel_degree", str(pp)]
+    with tempfile.TemporaryDirectory() as d:
+        _write_torchtitan_assets(d)
+        cmd = [sys.executable, "-m", "allocscope", "fit", "--gpu", "H100-80GB", "--world-size", str(world), "--ranks",
+               ranks, "--json", "-o", os.path.join(d, "fit"), "--", sys.executable, *TORCHTITAN_8B, *mesh]
+        m = _measured(cmd, cwd=d)
+        doc = json.loads(m.pop("stdout"))
+        own = _torchtitan_dry_run(d, world, mesh)
+    stages = []
+    for stage, card in enumerate(sorted(doc["cards"], key=lambda c: c["rank"])):
+        textbook = 16 * _llama3_8b_stage_parameters(stage, pp) // (tp * dp)
+        stages.append({"rank": card["rank"], "role": card.get("role"), "verdict": card["verdict"],
+                       "peak_reserved": card.get("peak_reserved_bytes"),
+                       "peak_allocated": card.get("peak_allocated_bytes"), "nccl": card.get("nccl_bytes"),
+                       "stage_parameters": _llama3_8b_stage_parameters(stage, pp),
+                       "textbook_model_states": {"bytes": textbook,
+                                                 "error_pct": _pct(textbook, card.get("peak_reserved_bytes") or 0)}})
+    return {"world_size": world, "mesh": {"pp": pp, "dp_shard": dp, "tp": tp}, "ranks": ranks, **m,
+            "job": doc["jobs"][0], "stages": stages, "torchtitan_fake_backend_dry_run": own}
+
+
+def _write_torchtitan_assets(folder: str) -> None:
+    sys.path.insert(0, os.path.join(ROOT, "tests", "scripts"))
+    try:
+        import torchtitan_assets
+    finally:
+        sys.path.pop(0)
+    torchtitan_assets.write(folder)
+
+
+def _torchtitan_dry_run(folder: str, world: int, mesh: list[str]) -> dict:
+    """torchtitan's own dry run (--comm.mode fake_backend: one process, its
+    world faked), rank 0 on a virtual card: its last line of error, or the
+    memory it logs."""
+    from allocscope import vgpu
+
+    env = vgpu.environment("H100-80GB") | {"NGPU": str(world), "RANK": "0", "LOCAL_RANK": "0"}
+    cmd = [sys.executable, *TORCHTITAN_8B, *mesh, "--comm.mode", "fake_backend"]
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, env=env, cwd=folder, capture_output=True, text=True)
+    said = [line for line in (r.stdout + r.stderr).splitlines() if "Error:" in line or "memory:" in line]
+    return {"command": " ".join(cmd[1:]), "exit_status": r.returncode, "seconds": round(time.perf_counter() - t0, 2),
+            "said": said[-1].strip()[:400] if said else None}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out")
     parser.add_argument("--quick", action="store_true", help="the 4-process dry run and world 8 only")
     parser.add_argument("--mesh3d", action="store_true", help="the 3-D mesh Llama-3-8B job alone")
+    parser.add_argument("--torchtitan", action="store_true", help="torchtitan's train.py, Llama-3-8B, alone")
     args = parser.parse_args()
+    if args.torchtitan:
+        from importlib.metadata import version
+
+        emit({"benchmark": "many_gpus_torchtitan", **environment(), "torchtitan_version": version("torchtitan"),
+              "torchtitan": [torchtitan(64, tp=2), torchtitan(1024, tp=8)]}, args.out)
+        return
     if args.mesh3d:
         emit({"benchmark": "many_gpus_mesh3d", **environment(), "mesh3d": [mesh3d(w) for w in (64, 1024)]}, args.out)
         return

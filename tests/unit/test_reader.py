@@ -111,7 +111,25 @@ def test_flipped_byte_is_a_checksum_error_or_salvaged(tmp_path):
         allocscope.load(path)
     with pytest.warns(allocscope.TruncatedCaptureWarning):
         cap = allocscope.load(path, salvage=True)
-    assert len(cap.events) == 5 and not cap.complete
+    assert len(cap.events) == 5 and not cap.complete and cap.damaged
+    assert not allocscope.load(_write(tmp_path, _builder().to_bytes())).damaged
+
+
+def test_fit_does_not_say_that_a_damaged_capture_fits(tmp_path):
+    # a second writer's footer after the damage (a rank's child process
+    # writing into the rank's file) made such a read look complete
+    from allocscope.reports.fit import card_result
+
+    data = bytearray(_builder().to_bytes())
+    data[F.HEADER.size + F.CHUNK_HEADER.size + 2] ^= 0x40  # inside the first chunk
+    path = _write(tmp_path, bytes(data))
+    with pytest.warns(allocscope.TruncatedCaptureWarning):
+        cap = allocscope.load(path, salvage=True)
+    card = card_result("H100-80GB", 0, cap)
+    assert card["verdict"] == "damaged capture" and "checksum" in card["warnings"][0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert card_result("H100-80GB", 0, allocscope.load(_write(tmp_path, _builder().to_bytes())))["verdict"] == "fits"
 
 
 def test_forged_chunk_with_valid_crc_but_bad_reference_is_corrupt(tmp_path):

@@ -66,6 +66,9 @@ class Capture:
         self.baselines: list[dict[str, Any]] = []
         self.footer: dict[str, Any] | None = None
         self.warnings: list[str] = []
+        # A salvaging read stopped at a damaged chunk: what follows it in the
+        # file (events, the footer of another writer) was not read.
+        self.damaged = False
         self.chunk_bytes: dict[str, int] = {}  # file bytes by chunk type, headers included (of the chunks read)
         # load(through_step=...): set when the read stopped before the end of
         # the file (the step whose start ended it); events_in_file is then the
@@ -258,6 +261,7 @@ class _Decoder:
     def _damaged(self, message: str) -> None:
         if not self.salvage:
             raise CorruptCaptureError(f"{self.path}: {message}")
+        self.capture.damaged = True
         self.capture.warnings.append(f"{message}; loaded what precedes it")
 
     def _header(self) -> None:

@@ -70,7 +70,9 @@ def card_result(gpu: str, status: int, cap: Capture | None, *, capture_path: str
     if cap is None:
         return out | {"verdict": "no capture"}
     ooms = int((cap.events.kind == EventKind.OOM).sum())
-    out["verdict"] = "out of memory" if ooms else "fits" if status == 0 else "failed"
+    # A damaged capture's read stopped early: what it read cannot say the rest fit.
+    out["verdict"] = ("out of memory" if ooms else "damaged capture" if cap.damaged else "fits" if status == 0
+                      else "failed")
     out["ooms"] = ooms
     an = None
     if report is None:
@@ -199,7 +201,7 @@ def fit_document(command: list[str], cards: list[dict[str, Any]], world: int | N
     return doc
 
 
-_VERDICT_ORDER = {"fits": 0, "failed": 1, "no capture": 2, "out of memory": 3}
+_VERDICT_ORDER = {"fits": 0, "failed": 1, "damaged capture": 2, "no capture": 2, "out of memory": 3}
 
 
 def _job(gpu: str, ranks: list[dict[str, Any]]) -> dict[str, Any]:
@@ -242,6 +244,8 @@ def render_fit(doc: dict[str, Any], top: int = 5) -> str:
         if c["verdict"] == "no capture":
             lines += ["", f"{_card_name(c)}: no capture was written: the command never used CUDA "
                           f"(exit status {c['exit_status']})"]
+        if c["verdict"] == "damaged capture":
+            lines += ["", f"{_card_name(c)}: its capture is damaged: {'; '.join(c['warnings'][:1])}"]
         if "peak" in c:
             lines += ["", f"{_card_name(c)}:"] + card_lines(c, top)
     return "\n".join(lines)
