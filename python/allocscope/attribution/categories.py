@@ -18,8 +18,9 @@ The rules are written down in docs/attribution.md; in short:
    (outputs, the loss) -> output, of backward -> gradient, of the optimizer
    -> optimizer_state. A cuBLAS/cuBLASLt workspace (the baselines list
    torch's), or a cuDNN workspace (allocated by a cuDNN op for itself and
-   freed before the call returned: workspaces.py) -> workspace. unknown is left for phases
-   allocscope does not know.
+   freed before the call returned: workspaces.py) -> workspace. A library's
+   KV cache, kept past the model call that made it (kv_cache.py) -> kv_cache.
+   unknown is left for phases allocscope does not know.
 4. Module: a labelled row's from its label (the parameter's module, the module
    that saved the activation); others the innermost module scope open on the
    allocating thread (forward scopes nest; backward scopes close when their
@@ -43,13 +44,14 @@ from ..capture.reader import Capture
 from .lifetimes import allocated_first, lifetimes
 from .resumed import put_back
 from ..common.native import analysis_for
+from .kv_cache import kv_cache_rows
 from .workspaces import cublas_workspaces, library_workspaces
 from .scopes import module_scopes
 
 __all__ = ["CATEGORIES", "PHASES", "Attribution", "attribute", "module_label"]
 
 CATEGORIES = ("parameter", "buffer", "gradient", "optimizer_state", "activation", "input", "output",
-              "temporary", "workspace", "other", "unknown")
+              "kv_cache", "temporary", "workspace", "other", "unknown")
 PHASES = ("none", "forward", "backward", "optimizer", "other")
 
 _CAT = {name: i for i, name in enumerate(CATEGORIES)}
@@ -446,6 +448,7 @@ def attribute(cap: Capture, block_sizes: np.ndarray | None = None) -> Attributio
     category[cublas_workspaces(cap, A, ST, EN, n) & unlabelled] = _CAT["workspace"]
     if device_type == "cuda":  # cuDNN's (on the CPU these ops' temporaries stay temporaries)
         category[library_workspaces(cap, ST, EN, n) & unlabelled] = _CAT["workspace"]
+    category[kv_cache_rows(cap, rows.column("stack"), ST, EN) & unlabelled] = _CAT["kv_cache"]
 
     # ---- modules of unlabelled rows: the scope open on the allocating thread
     TH = rows.column("thread")

@@ -46,6 +46,8 @@ _LINES = (
      "autograd saves inputs, masks and indices, not only layer outputs; checkpointing saves less"),
     ("input", "inputs", "inputs", "the batch and its copies"),
     ("output", "outputs", None, "forward results the training loop keeps past backward: outputs, the loss"),
+    ("kv_cache", "kv_cache", None,
+     "keys and values cached between decoding steps (transformers' caches, vLLM's and SGLang's KV blocks)"),
     ("temporary", "temporaries", "activation_gradients",
      "intermediates freed within their phase, in place of the estimate's activation gradients"),
     ("workspace", "workspaces", None,

@@ -84,6 +84,30 @@ def _optimizer_summary(optimizer: Any) -> dict[str, Any]:
     return {"type": type(optimizer).__name__, "state_per_parameter": _optimizer_state_per_parameter(optimizer)}
 
 
+def _kv_cache_shape(model: Any) -> dict[str, int] | None:
+    """What one token of the model's KV cache takes, by the textbook formula
+    (2 x layers x key/value heads x head dim x bytes per element), where
+    the model carries a Hugging Face-style config (None otherwise, and for
+    attention the formula does not describe: latent (MLA) caches)."""
+    config = getattr(model, "config", None)
+    text = getattr(config, "get_text_config", None)
+    try:
+        config = text() if callable(text) else config
+        layers = int(getattr(config, "num_hidden_layers"))
+        heads = int(getattr(config, "num_attention_heads"))
+        kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+        head_dim = int(getattr(config, "head_dim", None) or getattr(config, "hidden_size") // heads)
+    except (AttributeError, TypeError, ValueError, ZeroDivisionError):
+        return None
+    if getattr(config, "kv_lora_rank", None):
+        return None
+    element = next((p.element_size() for p in model.parameters() if p.is_floating_point()), None)
+    if element is None or min(layers, kv_heads, head_dim) <= 0:
+        return None
+    return {"layers": layers, "kv_heads": kv_heads, "head_dim": head_dim, "bytes_per_element": element,
+            "bytes_per_token": 2 * layers * kv_heads * head_dim * element}
+
+
 class Watch:
     """Hooks on one model (and optionally its optimizer) that annotate the
     active recording. Made by Recording.watch() or allocscope.watch(); removed
@@ -272,7 +296,7 @@ class Watch:
         # Each module's class, so that reports can say "Sequential.5 (Conv2d)".
         classes = {self._qualify(fqn): type(m).__name__ for fqn, m in model.named_modules()}
         return {"name": self.name, "parameters": total, "trainable": trainable, "buffers": buffers,
-                "parameter_count": count, "optimizer": opt, "classes": classes}
+                "parameter_count": count, "optimizer": opt, "classes": classes, "kv_cache": _kv_cache_shape(model)}
 
     # ---- labels
 

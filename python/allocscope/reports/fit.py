@@ -32,7 +32,7 @@ from .allocator import oom_lines, shortfall
 from .analysis import analyse
 from .report import build_report
 from .scaling import FIXED_CATEGORIES, model_lines
-from .sections import waterfall_lines
+from .sections import kv_cache_lines, waterfall_lines
 from .text import table
 
 __all__ = ["FIT_DOCUMENT", "FIT_SCHEMA", "FitDocument", "card_lines", "card_result", "caveats", "fit_document",
@@ -112,6 +112,8 @@ def card_result(gpu: str, status: int, cap: Capture | None, *, capture_path: str
         "textbook_bytes": r["theory"]["total"], "measured_bytes": r["measured"]["total_bytes"],
         "basis": r["measured"]["basis"], "theory": r["theory"], "gap": [g for g in r["gap"] if g["bytes"]],
         "measured": r["measured"]}
+    if r.get("kv_cache"):
+        out["kv_cache"] = r["kv_cache"]
     if "oom" in r:
         out["oom"] = r["oom"]
     out["warnings"] = r["warnings"]
@@ -264,6 +266,7 @@ def card_lines(c: dict[str, Any], top: int = 5) -> list[str]:
         lines.append("  nothing was allocated")
     else:
         lines += _peak_lines(c, top)
+    lines += ["  " + line for line in kv_cache_lines(c.get("kv_cache"))]
     if c["verdict"] == "failed":
         lines.append(f"  the command failed (exit status {c['exit_status']}) without running out of memory: "
                      "its verdict says nothing about memory")

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..attribution.categories import module_label
+from ..attribution.categories import CATEGORIES, module_label
 from ..attribution.estimate import theory, waterfall
 from ..attribution.ops import NO_OP
 from ..attribution.timeline import Moment, category_timeline, iterations, moment, ops, sites
@@ -28,7 +28,8 @@ from .allocator import allocator_lines, allocator_section, oom_lines, oom_sectio
 from .analysis import Analysis
 from .text import shorten, table
 
-__all__ = ["MAX_PAGE_ITERATIONS", "REPORT_SECTIONS", "Scope", "Section", "peak_of", "waterfall_lines"]
+__all__ = ["MAX_PAGE_ITERATIONS", "REPORT_SECTIONS", "Scope", "Section", "kv_cache_lines", "peak_of",
+           "waterfall_lines"]
 
 MAX_PAGE_ITERATIONS = 2000
 
@@ -195,6 +196,48 @@ def _text_ops(r: Document, top: int) -> list[str]:
     return []
 
 
+# ---- the KV cache of generation and serving: its bytes, in tokens
+
+
+def _build_kv_cache(s: Scope, doc: Document) -> Document:
+    att = s.an.att
+    rows = np.flatnonzero(att.category == CATEGORIES.index("kv_cache"))
+    shapes = [w["kv_cache"] for w in att.watches if isinstance(w.get("kv_cache"), dict)]
+    if not len(rows):
+        return {}
+    here = int(s.focus_moment.by_category.get("kv_cache", 0))
+    # the most live at once: +size at each allocation, -size at each free
+    at = np.concatenate((np.maximum(att.start[rows], -1), att.end[rows]))
+    change = np.concatenate((att.size[rows], -att.size[rows])).astype(np.int64)
+    order = np.lexsort((change, at))  # (a free before an allocation of the same moment)
+    most = int(max(0, np.cumsum(change[order]).max()))
+    out: Document = {"bytes": here, "most_bytes": most, "allocations": int(len(rows)), "shape": None}
+    if shapes:
+        shape, per_token = shapes[0], int(shapes[0]["bytes_per_token"])
+        out.update(shape=shape, tokens=here // per_token, most_tokens=most // per_token,
+                   tokens_per_gib=(1 << 30) // per_token)
+    return {"kv_cache": out}
+
+
+def kv_cache_lines(kv: Document | None) -> list[str]:
+    """The report's "kv_cache" (also a fit card's) as text: its bytes, in tokens."""
+    if not kv:
+        return []
+    line = f"KV cache: {format_bytes(kv['bytes'])} here, at most {format_bytes(kv['most_bytes'])}"
+    shape = kv.get("shape")
+    if shape is None:
+        return [line + " (no watched model's config gives the bytes a token takes)"]
+    return [line, f"  {kv['tokens']:,} tokens here, at most {kv['most_tokens']:,}, of "
+            f"{format_bytes(shape['bytes_per_token'])} each: 2 x {shape['layers']} layers x {shape['kv_heads']} "
+            f"key/value heads x {shape['head_dim']} x {shape['bytes_per_element']} B; "
+            f"{kv['tokens_per_gib']:,} tokens a GiB"]
+
+
+def _text_kv_cache(r: Document, top: int) -> list[str]:
+    lines = kv_cache_lines(r.get("kv_cache"))
+    return ["", *lines] if lines else []
+
+
 # ---- what the report could not do, and the classes of the modules it names
 
 
@@ -231,6 +274,7 @@ REPORT_SECTIONS: tuple[Section, ...] = (
     Section("moments", _build_moments, _text_moments, _page_moments, ("header", "drawTimeline", "tables")),
     Section("waterfall", _build_waterfall, _text_waterfall, lambda r: {k: r[k] for k in ("theory", "gap", "measured")},
             ("drawWaterfall",)),
+    Section("kv_cache", _build_kv_cache, _text_kv_cache, lambda r: {"kv_cache": r.get("kv_cache")}, ("tables",)),
     Section("iterations", _build_iterations, _text_iterations, _page_iterations, ("tables",)),
     Section("sites", lambda s, doc: {"sites": sites(s.an.att, s.focus, s.top, window=s.window)}, _text_sites,
             lambda r: {"sites": r["sites"]}, ("tables",)),

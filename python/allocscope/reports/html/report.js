@@ -6,7 +6,8 @@ const D = JSON.parse(document.getElementById("allocscope-data").textContent);
 const SVG = "http://www.w3.org/2000/svg";
 const CAT_COLORS = {
   parameter: "#4e79a7", buffer: "#9c755f", gradient: "#f28e2b", optimizer_state: "#e15759",
-  activation: "#59a14f", input: "#edc948", output: "#ff9da7", temporary: "#b07aa1", workspace: "#76b7b2",
+  activation: "#59a14f", input: "#edc948", output: "#ff9da7", kv_cache: "#d37295", temporary: "#b07aa1",
+  workspace: "#76b7b2",
   other: "#bab0ac", unknown: "#d3d3d3",
 };
 const PALETTE = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
@@ -426,6 +427,14 @@ function tables() {
     { key: "module", label: "module" }, { key: "last_iteration", label: "last iteration", ...N }, { key: "site", label: "site", cls: "site" }], D.leaks);
   table("iterations", [{ key: "iteration", label: "iteration", ...N }, { key: "peak_allocated_bytes", label: "peak", ...B },
     { key: "growth_bytes", label: "growth", ...B }, { key: "leaked_bytes", label: "leaked", ...B }], D.iterations);
+  if (D.kv_cache) {  // generation's KV cache, in tokens where the watched model's config says a token's bytes
+    const kv = D.kv_cache, p = document.createElement("p"), sites = document.getElementById("sites");
+    p.id = "kv-cache";
+    p.textContent = `KV cache: ${fmtBytes(kv.bytes)} at this moment, at most ${fmtBytes(kv.most_bytes)}` + (kv.shape
+      ? `; ${kv.tokens.toLocaleString()} tokens of ${fmtBytes(kv.shape.bytes_per_token)} (at most ` +
+        `${kv.most_tokens.toLocaleString()}), ${kv.tokens_per_gib.toLocaleString()} tokens a GiB` : "");
+    sites.parentNode.insertBefore(p, sites);
+  }
 }
 
 function toolbar() {

@@ -1,0 +1,95 @@
+"""Which allocations are a KV cache: the keys and values an inference
+engine keeps between decoding steps. Nothing labels them at run time; the
+libraries that make them are recognised by where they allocate, so that a
+script needs no change:
+
+- Hugging Face transformers: every Cache class (dynamic, static,
+  sliding-window, quantized, offloaded, ...) lives in
+  transformers/cache_utils.py, and grows or fills its layers there;
+- vLLM: its model runners allocate the KV cache blocks in methods named
+  after it (`_allocate_kv_cache_tensors`, `initialize_kv_cache_tensors`,
+  and the older `CacheEngine._allocate_kv_cache`);
+- SGLang: its token-to-KV pools (`MHATokenToKVPool`, `MLATokenToKVPool`,
+  ...) in sglang/srt/mem_cache/.
+
+A cache's own temporaries (a quantized cache's dequantized keys, freed
+before the model call that made them returned) stay temporaries. (Not the
+phase rule's temporaries: a generation's steps are calls of one forward
+phase, and a dynamic cache's layers are freed a step later, in the same
+phase.)"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..capture.format import MODULE_BACKWARD, EventKind
+from ..capture.reader import Capture
+
+__all__ = ["kv_cache_rows", "kv_cache_site", "kv_cache_stacks"]
+
+
+def kv_cache_site(filename: str, function: str) -> bool:
+    """Whether a frame is one of the libraries' KV cache allocations (module docstring)."""
+    path = filename.replace("\\", "/")
+    if path.endswith("transformers/cache_utils.py"):
+        return True
+    if "/vllm/" in path and "kv_cache" in function:
+        return True
+    return "/sglang/srt/mem_cache/" in path and "KVPool" in function
+
+
+def kv_cache_stacks(cap: Capture) -> np.ndarray:
+    """Per stack node: whether the stack passes through a KV cache site."""
+    n = len(cap.stack_parent)
+    if n == 0:
+        return np.zeros(0, bool)
+    frames = cap.stack_frame.astype(np.int64)
+    present = np.unique(frames[1:]) if n > 1 else np.zeros(0, np.int64)
+    site_frames = [f for f in present.tolist()
+                   if kv_cache_site(cap.strings[cap.frame_file[f]], cap.strings[cap.frame_function[f]])]
+    flag = np.isin(frames, np.array(site_frames, np.int64))
+    flag[0] = False  # node 0: the empty stack
+    if not flag.any():
+        return flag
+    parent = cap.stack_parent.astype(np.int64)
+    # An inner frame's node inherits its callers': a fixpoint over the tree
+    # (as many rounds as the deepest stack below a site).
+    while True:
+        grown = flag | flag[parent]
+        if np.array_equal(grown, flag):
+            return flag
+        flag = grown
+
+
+def kv_cache_rows(cap: Capture, stack: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Per row (its stack node, ALLOC and FREE events): whether a KV cache
+    site allocated it to keep: not a temporary freed before the model call
+    that made it returned."""
+    in_cache = kv_cache_stacks(cap)
+    stack = stack.astype(np.int64)
+    if not in_cache.any():
+        return np.zeros(len(stack), bool)
+    made = in_cache[np.clip(stack, 0, len(in_cache) - 1)] & (stack < len(in_cache))
+    first, last = _model_calls(cap)
+    call = np.searchsorted(first, start, side="right") - 1
+    inside = (call >= 0) & (start < last[np.maximum(call, 0)]) if len(first) else np.zeros(len(start), bool)
+    freed_inside = inside & (end < last[np.maximum(call, 0)]) if len(first) else inside
+    return made & ~freed_inside
+
+
+def _model_calls(cap: Capture) -> tuple[np.ndarray, np.ndarray]:
+    """(first, last) events of each outermost call of a watched module (its
+    forward scopes: a generation's steps are calls of one forward phase)."""
+    ev = cap.events
+    forward = (ev.addr & MODULE_BACKWARD) == 0
+    idx = np.flatnonzero(((ev.kind == EventKind.MODULE_ENTER) | (ev.kind == EventKind.MODULE_EXIT)) & forward)
+    if not len(idx):
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    step = np.where(ev.kind[idx] == EventKind.MODULE_ENTER, 1, -1)
+    depth = np.cumsum(step)
+    before = depth - step
+    first = idx[(before == 0) & (step == 1)]
+    last = idx[(depth == 0) & (step == -1)]
+    if len(last) < len(first):  # a call open when recording stopped
+        last = np.append(last, len(ev))
+    return first.astype(np.int64), last[:len(first)].astype(np.int64)
