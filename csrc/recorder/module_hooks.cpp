@@ -202,6 +202,46 @@ PyObject* wrapper_func(PyObject* self, void*) {
   return fn;
 }
 
+// The bound method's signature: with __code__ and the rest forwarded,
+// inspect would otherwise read the wrapper as a function (self included).
+PyObject* bound_signature(PyObject* self) {
+  PyObject* module = module_of(self);
+  if (module == nullptr) return nullptr;
+  PyObject* bound = PyMethod_New(reinterpret_cast<PartialHead*>(self)->fn, module);
+  if (bound == nullptr) return nullptr;
+  PyObject* inspect = PyImport_ImportModule("inspect");
+  PyObject* signature = inspect == nullptr ? nullptr : PyObject_CallMethod(inspect, "signature", "O", bound);
+  Py_XDECREF(inspect);
+  Py_DECREF(bound);
+  return signature;
+}
+
+// Any other attribute, as a bound method gives it: the function's
+// (__code__, __name__, __qualname__, ...: vLLM hashes forward.__code__ to
+// key its compile cache).
+PyObject* wrapper_getattro(PyObject* self, PyObject* name) {
+  PyObject* found = PyObject_GenericGetAttr(self, name);
+  if (found != nullptr || !PyErr_ExceptionMatches(PyExc_AttributeError)) return found;
+  PyObject* fn = reinterpret_cast<PartialHead*>(self)->fn;
+  if (fn == nullptr) return nullptr;
+  if (PyUnicode_Check(name) && PyUnicode_CompareWithASCIIString(name, "__signature__") == 0) {
+    PyErr_Clear();
+    return bound_signature(self);
+  }
+  PyObject *type, *value, *traceback;
+  PyErr_Fetch(&type, &value, &traceback);
+  found = PyObject_GetAttr(fn, name);
+  if (found != nullptr) {
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(traceback);
+    return found;
+  }
+  PyErr_Clear();
+  PyErr_Restore(type, value, traceback);  // the wrapper's own AttributeError
+  return nullptr;
+}
+
 PyGetSetDef g_wrapper_getset[] = {{"__self__", &wrapper_self, nullptr, "the module", nullptr},
                                   {"__func__", &wrapper_func, nullptr, "the class's forward", nullptr},
                                   {nullptr, nullptr, nullptr, nullptr, nullptr}};
@@ -222,6 +262,7 @@ PyTypeObject* wrapper_type() {
   if (partial == nullptr) return nullptr;
   auto* base = reinterpret_cast<PyTypeObject*>(partial);
   static PyType_Slot slots[] = {{Py_tp_call, reinterpret_cast<void*>(&wrapper_call)},
+                                {Py_tp_getattro, reinterpret_cast<void*>(&wrapper_getattro)},
                                 {Py_tp_methods, g_wrapper_methods},
                                 {Py_tp_getset, g_wrapper_getset},
                                 {Py_tp_doc, const_cast<char*>("allocscope: a watched module's forward")},

@@ -41,6 +41,13 @@ cublasStatus_t copy_strided(int count, size_t piece, const void* src, size_t src
 
 #define API extern "C" __attribute__((visibility("default")))
 
+API const char* cublasGetStatusString(cublasStatus_t status) {
+  return status == CUBLAS_STATUS_SUCCESS ? "the operation completed successfully"
+                                         : "an error on allocscope's virtual GPU";
+}
+API const char* cublasGetStatusName(cublasStatus_t status) {
+  return status == CUBLAS_STATUS_SUCCESS ? "CUBLAS_STATUS_SUCCESS" : "CUBLAS_STATUS_INTERNAL_ERROR";
+}
 API cublasStatus_t cublasCreate_v2(cublasHandle_t* handle) {
   if (vgpu::device_count() == 0) return CUBLAS_STATUS_NOT_INITIALIZED;
   *handle = reinterpret_cast<cublasHandle_t>(new Handle());

@@ -10,6 +10,15 @@
 API size_t cublasLtGetVersion(void) {
   return CUBLAS_VERSION;
 }
+// Handles of their own (torch shares cuBLAS's; DeepGEMM, in vLLM, makes one).
+API cublasStatus_t cublasLtCreate(cublasLtHandle_t* handle) {
+  *handle = reinterpret_cast<cublasLtHandle_t>(new char[1]);
+  return CUBLAS_STATUS_SUCCESS;
+}
+API cublasStatus_t cublasLtDestroy(cublasLtHandle_t handle) {
+  delete[] reinterpret_cast<char*>(handle);
+  return CUBLAS_STATUS_SUCCESS;
+}
 API cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* desc, cublasComputeType_t, cudaDataType_t) {
   *desc = new cublasLtMatmulDescOpaque_t();
   return CUBLAS_STATUS_SUCCESS;

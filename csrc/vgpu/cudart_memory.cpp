@@ -67,6 +67,14 @@ API cudaError_t cudaHostAlloc(void** ptr, size_t size, unsigned int) {
 API cudaError_t cudaFreeHost(void* ptr) {
   return ret(vgpu::host_free(ptr));
 }
+// Unified addressing: mapped host memory has the same address on the device.
+API cudaError_t cudaHostGetDevicePointer(void** device, void* host, unsigned int flags) {
+  if (device == nullptr || flags != 0 || vgpu::pointer_info(host).kind != vgpu::PointerInfo::kHost) {
+    return cudaErrorInvalidValue;
+  }
+  *device = host;
+  return cudaSuccess;
+}
 API cudaError_t cudaHostRegister(void* ptr, size_t size, unsigned int) {
   return ret(vgpu::host_register(ptr, size));
 }

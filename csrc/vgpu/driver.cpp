@@ -645,3 +645,20 @@ void* vgpu_driver_entry_point(const char* symbol) {
   }
   return nullptr;
 }
+
+// The same table for code that asks the driver itself (cuda-python's
+// bindings, as vLLM loads them; cuda.h names this cuGetProcAddress_v2). As
+// the driver does, an unknown symbol is CUDA_SUCCESS with a null pointer.
+API CUresult cuGetProcAddress(const char* symbol, void** pfn, int, cuuint64_t,
+                              CUdriverProcAddressQueryResult* status) {
+  if (symbol == nullptr || pfn == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *pfn = vgpu_driver_entry_point(symbol);
+  if (status != nullptr) *status = *pfn != nullptr ? CU_GET_PROC_ADDRESS_SUCCESS : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+  return CUDA_SUCCESS;
+}
+// The CUDA 11 form, without the status.
+extern "C" __attribute__((visibility("default"))) CUresult vgpu_cuGetProcAddress_v1(
+    const char* symbol, void** pfn, int version, cuuint64_t flags) __asm__("cuGetProcAddress");
+CUresult vgpu_cuGetProcAddress_v1(const char* symbol, void** pfn, int version, cuuint64_t flags) {
+  return cuGetProcAddress(symbol, pfn, version, flags, nullptr);
+}

@@ -88,9 +88,7 @@ int channel_cap(int n) {
 int channels(int device) {
   const vgpu::DeviceInfo* d = vgpu::device(device);
   int n = 4;  // PCIe cards
-  if (d != nullptr && d->preset->major >= 9) n = 32;
-  else if (d != nullptr && d->preset->major == 8 && d->preset->sms >= 100) n = 24;  // A100 (SXM, NVLink)
-  else if (d != nullptr && d->preset->major == 7 && d->preset->sms >= 80) n = 12;   // V100 SXM2
+  if (d != nullptr && vgpu::has_nvlink(*d->preset)) n = d->preset->major >= 9 ? 32 : d->preset->major == 8 ? 24 : 12;
   return channel_cap(n);
 }
 

@@ -4,6 +4,7 @@
 // ship with torch's wheels, and these layouts are stable.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 
@@ -176,5 +177,83 @@ API nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device, void* info) {
   size_t size = version & 0xffffff;
   if (size <= sizeof(version) || size > 4096) return kInvalidArgument;
   std::memset(static_cast<char*>(info) + sizeof(version), 0, size - sizeof(version));
+  return kSuccess;
+}
+
+// ---- what serving engines ask of NVML before they touch CUDA (vLLM's
+// platform detection reads the capability and topology through pynvml,
+// without initializing CUDA). Layouts as in nvml.h (and pynvml's ctypes).
+
+API nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int* index) {
+  int i = index_of(device);
+  if (i < 0 || index == nullptr) return kInvalidArgument;
+  *index = static_cast<unsigned int>(i);
+  return kSuccess;
+}
+API nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int* major, int* minor) {
+  int i = index_of(device);
+  if (i < 0 || major == nullptr || minor == nullptr) return kInvalidArgument;
+  *major = vgpu::device(i)->preset->major;
+  *minor = vgpu::device(i)->preset->minor;
+  return kSuccess;
+}
+API nvmlReturn_t nvmlDeviceGetHandleByUUID(const char* uuid, nvmlDevice_t* device) {
+  if (uuid == nullptr || device == nullptr) return kInvalidArgument;
+  char mine[96];
+  for (int i = 0; i < vgpu::device_count(); ++i) {
+    if (nvmlDeviceGetUUID(&g_devices[i], mine, sizeof(mine)) == kSuccess && std::strcmp(mine, uuid) == 0) {
+      *device = &g_devices[i];
+      return kSuccess;
+    }
+  }
+  return kNotFound;
+}
+
+namespace {
+struct nvmlPciInfo_t {
+  char busIdLegacy[16];
+  unsigned int domain, bus, device, pciDeviceId, pciSubSystemId;
+  char busId[32];
+};
+}  // namespace
+
+API nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t* pci) {
+  int i = index_of(device);
+  if (i < 0 || pci == nullptr) return kInvalidArgument;
+  std::memset(pci, 0, sizeof(*pci));
+  pci->bus = static_cast<unsigned int>(vgpu::pci_bus(i));
+  std::snprintf(pci->busId, sizeof(pci->busId), "00000000:%02X:00.0", pci->bus);
+  std::snprintf(pci->busIdLegacy, sizeof(pci->busIdLegacy), "0000:%02X:00.0", pci->bus);
+  return kSuccess;
+}
+API nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t device, nvmlPciInfo_t* pci) {
+  return nvmlDeviceGetPciInfo_v3(device, pci);
+}
+API nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t device, nvmlPciInfo_t* pci) {
+  return nvmlDeviceGetPciInfo_v3(device, pci);
+}
+// Every card is near every CPU of the host: one NUMA node.
+API nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t device, unsigned int* node) {
+  if (index_of(device) < 0 || node == nullptr) return kInvalidArgument;
+  *node = 0;
+  return kSuccess;
+}
+API nvmlReturn_t nvmlDeviceGetCpuAffinity(nvmlDevice_t device, unsigned int words, unsigned long* cpus) {
+  if (index_of(device) < 0 || cpus == nullptr) return kInvalidArgument;
+  long online = sysconf(_SC_NPROCESSORS_ONLN);
+  constexpr long kBits = 8 * sizeof(unsigned long);
+  for (unsigned int w = 0; w < words; ++w) {
+    long first = static_cast<long>(w) * kBits, n = std::max(0L, std::min(kBits, online - first));
+    cpus[w] = n >= kBits ? ~0UL : (1UL << n) - 1;
+  }
+  return kSuccess;
+}
+// Peer access between two cards of one node: as NVLink gives it on the
+// cards that have it (the SXM parts), not over PCIe (NVML_P2P_STATUS_OK 0,
+// _NOT_SUPPORTED 5), for every capability asked (read, write, atomics, NVLink).
+API nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t a, nvmlDevice_t b, int, int* status) {
+  int i = index_of(a), j = index_of(b);
+  if (i < 0 || j < 0 || status == nullptr) return kInvalidArgument;
+  *status = i != j && vgpu::has_nvlink(*vgpu::device(i)->preset) ? 0 : 5;
   return kSuccess;
 }

@@ -30,6 +30,16 @@ struct Preset {
   int memory_clock_khz;
 };
 
+// Whether cards of this model reach each other over NVLink (the SXM parts:
+// V100 SXM2, A100 SXM4, H100/H200 SXM5), not over PCIe; not a MIG instance.
+constexpr bool has_nvlink(const Preset& p) {
+  bool sxm = p.major >= 9 || (p.minor == 0 && (p.major == 8 || p.major == 7));
+  for (const char* c = p.name; *c != '\0'; ++c) {
+    if (c[0] == ' ' && c[1] == 'M' && c[2] == 'I' && c[3] == 'G') return false;
+  }
+  return sxm;
+}
+
 inline constexpr int kKiB = 1024;
 inline constexpr int kMiB = 1024 * 1024;
 constexpr uint64_t mib(uint64_t n) { return n << 20; }

@@ -69,3 +69,26 @@ def test_a_dynamic_cache_grows_a_token_a_step_and_its_temporaries_are_not_cache(
     # the report's waterfall still adds up to the device's memory
     measured = doc["measured"]
     assert doc["theory"]["total"] + sum(g["bytes"] for g in doc["gap"]) == measured["total_bytes"]
+
+
+@pytest.mark.heavy
+def test_fit_searches_the_longest_context_that_fits_and_says_the_cache_a_token(tmp_path):
+    pytest.importorskip("transformers")
+    batch, new = 8, 4
+    p = subprocess.run([sys.executable, "-m", "allocscope", "fit", "--gpu", "L4-24GB", "--gpu-memory", "1GiB", "--json",
+                        "-o", str(tmp_path / "fit"), "--search", "CTX=16..16384", "--", sys.executable, GENERATE,
+                        "--layers", "2", "--hidden", "512", "--intermediate", "1024", "--heads", "8", "--kv-heads", "2",
+                        "--batch-size", str(batch), "--prompt-len", "{CTX}", "--max-new-tokens", str(new),
+                        "--cache", "static"], capture_output=True, text=True, timeout=1200)
+    assert p.returncode == 0, p.stderr[-3000:]
+    card = json.loads(p.stdout)["cards"][0]
+    largest = card["largest"]
+    assert 16 < largest < 16384
+    assert card["at_largest"]["verdict"] == "fits" and card["at_next"]["verdict"] == "out of memory"
+    # the line of memory against the context: the static cache is the
+    # formula's bytes a token for each sequence, exactly, plus the new
+    # tokens' (and two 8-byte position counters) whatever the context
+    per_token = 2 * 2 * 2 * HEAD_DIM * 2
+    kv = card["memory"]["parts"]["kv_cache"]
+    assert kv["per_unit_bytes"] == pytest.approx(batch * per_token, abs=1e-3)
+    assert kv["fixed_bytes"] == batch * (new - 1) * per_token + 2 * 8 and kv["residual_bytes"] == 0

@@ -56,6 +56,12 @@ def test_a_watched_module_looks_as_before(tmp_path):
         assert inspect.signature(block.forward) == inspect.signature(Block.forward.__get__(block))
         assert block.forward.__name__ == "forward" and block.forward.__self__ is block
         assert block.forward.__func__ is Block.forward
+        # the rest as a bound method gives it: its function's (vLLM keys
+        # its compile cache on forward.__code__)
+        assert block.forward.__code__ is Block.forward.__code__
+        assert block.forward.__qualname__ == Block.forward.__qualname__
+        with pytest.raises(AttributeError, match="no_such_attribute"):
+            block.forward.no_such_attribute
         # (attributes of the wrapper's type: functools.update_wrapper, as
         # accelerate wraps a forward, copies an instance's __dict__ along)
         assert not {"__self__", "__func__"} & set(vars(block.forward))

@@ -1,0 +1,75 @@
+"""vLLM offline generation, as its docs write it (`LLM(...)`, `generate`), on a
+Llama-style model made from its config with dummy weights (nothing
+downloaded; token ids in, no tokenizer).
+
+    python examples/vllm_generate.py --max-model-len 2048 --requests 4
+    allocscope fit --gpu L4-24GB -- python examples/vllm_generate.py
+
+Prints, as its last line, one JSON object: the KV cache vLLM sized (its
+number of GPU blocks and block size), the tokens generated, and torch's
+peak reserved bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+
+
+def model_folder(args: argparse.Namespace) -> str:
+    """A folder with a Llama config.json: what vLLM reads of a model besides its weights."""
+    folder = os.path.join(tempfile.gettempdir(), f"allocscope-vllm-llama-{args.layers}x{args.hidden}-{args.kv_heads}")
+    os.makedirs(folder, exist_ok=True)
+    config = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": args.hidden,
+        "intermediate_size": args.intermediate, "num_hidden_layers": args.layers,
+        "num_attention_heads": args.heads, "num_key_value_heads": args.kv_heads, "vocab_size": args.vocab,
+        "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+        "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False,
+    }
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(config, f)
+    return folder
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--layers", type=int, default=16)
+    parser.add_argument("--hidden", type=int, default=2048)
+    parser.add_argument("--intermediate", type=int, default=8192)
+    parser.add_argument("--heads", type=int, default=32)
+    parser.add_argument("--kv-heads", type=int, default=8)
+    parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--max-num-seqs", type=int, default=16)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    parser.add_argument("--kv-cache-memory", type=int, default=None, help="bytes (vLLM's kv_cache_memory_bytes)")
+    parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--requests", type=int, default=4)
+    parser.add_argument("--prompt-len", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, default=8)
+    args = parser.parse_args()
+
+    from vllm import LLM, SamplingParams
+
+    options = {"kv_cache_memory_bytes": args.kv_cache_memory} if args.kv_cache_memory else {}
+    llm = LLM(model=model_folder(args), load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
+              max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+              gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager, **options)
+    prompts = [{"prompt_token_ids": [(7 * i + j) % (args.vocab - 3) + 3 for j in range(args.prompt_len)]}
+               for i in range(args.requests)]
+    outputs = llm.generate(prompts, SamplingParams(max_tokens=args.max_tokens, ignore_eos=True, detokenize=False))
+    import torch
+
+    cache = llm.llm_engine.vllm_config.cache_config
+    print(json.dumps({
+        "num_gpu_blocks": cache.num_gpu_blocks, "block_size": cache.block_size,
+        "generated_tokens": [len(o.outputs[0].token_ids) for o in outputs],
+        "max_memory_reserved": torch.cuda.max_memory_reserved(),
+    }))
+
+
+if __name__ == "__main__":
+    main()
