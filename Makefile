@@ -55,7 +55,7 @@ GPU_CHECK_ARCHIVE ?=
 GPU_CHECK_ARGS ?=
 
 .PHONY: demo test test-full test-main test-main-cpu test-main-cpu-fit test-main-cpu-agnostic \
-	test-main-cpu-agnostic-integration test-main-cpu-agnostic-unit test-main-cuda test-main-many-gpus test-compat test-system gpu-check browser bench clean
+	test-main-cpu-agnostic-integration test-main-cpu-agnostic-unit test-main-cuda test-main-many-gpus test-compat test-serving test-system gpu-check browser bench clean
 
 # CUDA first: on the GPU if there is one, else on a virtual H100 (torch's real
 # caching allocator); then a shorter CPU recording.
@@ -170,6 +170,23 @@ test-compat:
 	  { $(call PYTEST_SESSIONS,../$(COMPAT_VENV)/bin/python,-p no:cacheprovider,and not torch_agnostic $(COMPAT_EXCLUDE)); }; \
 	fi
 
+# A serving engine on the virtual GPU (tests/serving): vLLM in a venv of its
+# own, with the torch it pins (vLLM 0.33.0: torch 2.14.0; about 9.5 GB and
+# 3 minutes to install), allocscope built against that torch in
+# build-serving/. Not part of make test.
+SERVING_VENV := .venv-serving
+SERVING_PIN ?= vllm==0.33.0
+test-serving:
+	@if [ ! -f $(SERVING_VENV)/.deps ]; then \
+	  $(PYTHON) -m venv $(SERVING_VENV) && \
+	  $(SERVING_VENV)/bin/python $(PIP_INSTALL) $(SERVING_PIN) pybind11 ninja pytest hypothesis setuptools wheel && \
+	  touch $(SERVING_VENV)/.deps; \
+	fi
+	rm -rf build-serving && mkdir -p build-serving && cp -r setup.py pyproject.toml csrc python tests examples benchmarks docs build-serving/
+	find build-serving -name '*.so' -delete && rm -rf build-serving/python/allocscope/vgpu/lib
+	cd build-serving && ../$(SERVING_VENV)/bin/python -m pip install -q --no-build-isolation --no-deps -e . && \
+	  ../$(SERVING_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/serving -m serving
+
 # With a GPU, everything runs on it (the `cuda` and `gpu_hardware` tests
 # included); without one, as `make test` does.
 test-system:
@@ -191,5 +208,5 @@ bench: $(VENV)/.built
 	$(PY) benchmarks/bench_load.py
 
 clean:
-	rm -rf build build-compat python/allocscope/_C*.so python/allocscope/_analysis*.so tests/native/*.so \
+	rm -rf build build-compat build-serving python/allocscope/_C*.so python/allocscope/_analysis*.so tests/native/*.so \
 	  python/allocscope/vgpu/lib demo.alsc demo-cpu.alsc demo.html

@@ -24,6 +24,7 @@ import numpy as np
 
 from ..capture.format import MODULE_BACKWARD, EventKind
 from ..capture.reader import Capture
+from ..capture.stacks import is_library
 
 __all__ = ["kv_cache_rows", "kv_cache_site", "kv_cache_stacks"]
 
@@ -39,23 +40,28 @@ def kv_cache_site(filename: str, function: str) -> bool:
 
 
 def kv_cache_stacks(cap: Capture) -> np.ndarray:
-    """Per stack node: whether the stack passes through a KV cache site."""
+    """Per stack node: whether the stack's user frame (its innermost frame
+    outside torch and allocscope: capture/stacks.py) is a KV cache site.
+    (Not any frame: vLLM's engine sizes, warms up and captures its CUDA
+    graphs inside `_initialize_kv_caches`.)"""
     n = len(cap.stack_parent)
     if n == 0:
         return np.zeros(0, bool)
     frames = cap.stack_frame.astype(np.int64)
-    present = np.unique(frames[1:]) if n > 1 else np.zeros(0, np.int64)
-    site_frames = [f for f in present.tolist()
-                   if kv_cache_site(cap.strings[cap.frame_file[f]], cap.strings[cap.frame_function[f]])]
-    flag = np.isin(frames, np.array(site_frames, np.int64))
-    flag[0] = False  # node 0: the empty stack
+    present = np.unique(frames[1:]).tolist() if n > 1 else []
+    files = {f: cap.strings[cap.frame_file[f]] for f in present}
+    site = {f for f in present if kv_cache_site(files[f], cap.strings[cap.frame_function[f]])}
+    library = np.isin(frames, np.array([f for f in present if is_library(files[f])], np.int64))
+    library[0] = False  # node 0: the empty stack
+    flag = np.isin(frames, np.array(sorted(site), np.int64)) & ~library
+    flag[0] = False
     if not flag.any():
         return flag
     parent = cap.stack_parent.astype(np.int64)
-    # An inner frame's node inherits its callers': a fixpoint over the tree
-    # (as many rounds as the deepest stack below a site).
+    # A library frame's node answers as its caller's: a fixpoint over the
+    # tree (as many rounds as the longest run of library frames).
     while True:
-        grown = flag | flag[parent]
+        grown = np.where(library, flag[parent], flag)
         if np.array_equal(grown, flag):
             return flag
         flag = grown

@@ -198,6 +198,13 @@ def _settings(gpu: str, memory: int | str | None, context: int | str | None,
     return out
 
 
+# What a program that compiles CUDA code at run time cannot do without a
+# CUDA toolkit, switched to the library's own fallback where the user has
+# not chosen: FlashInfer's sampler (vLLM's default on the card) is built
+# with nvcc and CUDA's headers on first use; vLLM's PyTorch sampler is not.
+ENGINE_FALLBACKS = {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
+
+
 def environment(gpu: str, *, memory: int | str | None = None, context: int | str | None = None,
                 event_polls: int | None = None, compute: str | None = None, routing: str | None = None,
                 base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -212,6 +219,8 @@ def environment(gpu: str, *, memory: int | str | None = None, context: int | str
     env = {k: v for k, v in (os.environ if base is None else base).items()
            if k not in (ENV_GPU, ENV_MEMORY, ENV_CONTEXT, ENV_EVENT_POLLS, ENV_SHARED, ENV_EXCHANGE)}
     env.update(_settings(gpu, memory, context, event_polls, compute, routing))
+    for name, value in ENGINE_FALLBACKS.items():
+        env.setdefault(name, value)
     return with_bootstrap(env)
 
 

@@ -1,0 +1,48 @@
+"""vLLM, unmodified, on the virtual GPU (make test-serving: vLLM in a venv of
+its own, with the torch it pins): examples/vllm_generate.py, `LLM(...)` on a
+Llama-style model with dummy weights, under `allocscope fit`. The engine
+starts, profiles, sizes and allocates its KV cache, captures its CUDA
+graphs and serves; allocscope's KV cache is the one vLLM logs, token for
+token, and the engine process's capture replays exactly."""
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from ..conftest import ROOT
+
+pytestmark = [pytest.mark.serving, pytest.mark.heavy]
+vllm = pytest.importorskip("vllm")
+
+SCRIPT = f"{ROOT}/examples/vllm_generate.py"
+MODEL = ["--layers", "2", "--hidden", "512", "--intermediate", "1024", "--heads", "8", "--kv-heads", "2",
+         "--vocab", "4096", "--max-model-len", "1024", "--requests", "3", "--max-tokens", "6"]
+
+
+def fit(tmp_path, gpu, *options):
+    out = tmp_path / "fit"
+    p = subprocess.run([sys.executable, "-m", "allocscope", "fit", "--gpu", gpu, "--json", "-o", str(out), "--",
+                        sys.executable, SCRIPT, *MODEL, *options], capture_output=True, text=True, timeout=900,
+                       cwd=tmp_path)
+    log = (out / f"{gpu}.log").read_text()
+    assert p.returncode == 0, log[-4000:]
+    said = json.loads([line for line in log.splitlines() if line.startswith("{\"num_gpu_blocks\"")][-1])
+    return json.loads(p.stdout)["cards"][0], log, said
+
+
+@pytest.mark.parametrize("gpu, eager", [("L4-24GB", True), ("L4-24GB", False), ("H100-80GB", False)])
+def test_the_engine_serves_and_its_kv_cache_is_the_one_vllm_logs(tmp_path, gpu, eager):
+    card, log, said = fit(tmp_path, gpu, *(["--enforce-eager"] if eager else []))
+    assert card["verdict"] == "fits" and said["generated_tokens"] == [6, 6, 6]
+    logged = int(re.search(r"GPU KV cache size: ([\d,]+) tokens", log).group(1).replace(",", ""))
+    assert logged == said["num_gpu_blocks"] * said["block_size"]
+    assert card["kv_cache"]["tokens"] == logged
+    assert card["kv_cache"]["shape"]["bytes_per_token"] == 2 * 2 * 2 * 64 * 2
+    assert ("Capturing CUDA graphs" in log) is not eager
+    report = subprocess.run([sys.executable, "-m", "allocscope", "report", "--json", card["capture"]],
+                            capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert report.returncode == 0, report.stderr[-3000:]
+    assert json.loads(report.stdout)["allocator"]["replay"]["exact"]
