@@ -23,7 +23,7 @@ MODEL = ["--layers", "2", "--hidden", "512", "--intermediate", "1024", "--heads"
 
 
 def fit(tmp_path, gpu, *options):
-    out = tmp_path / "fit"
+    out = tmp_path / f"fit{len(list(tmp_path.glob('fit*')))}"
     p = subprocess.run([sys.executable, "-m", "allocscope", "fit", "--gpu", gpu, "--json", "-o", str(out), "--",
                         sys.executable, SCRIPT, *MODEL, *options], capture_output=True, text=True, timeout=900,
                        cwd=tmp_path)
@@ -46,3 +46,15 @@ def test_the_engine_serves_and_its_kv_cache_is_the_one_vllm_logs(tmp_path, gpu, 
                             capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert report.returncode == 0, report.stderr[-3000:]
     assert json.loads(report.stdout)["allocator"]["replay"]["exact"]
+
+
+def test_the_kv_cache_that_takes_all_of_the_headroom_fits_in_a_second_run(tmp_path):
+    card, _, _ = fit(tmp_path, "L4-24GB", "--enforce-eager")
+    kv = card["kv_cache"]
+    assert kv["with_headroom_bytes"] > kv["most_bytes"]
+    again, log, said = fit(tmp_path, "L4-24GB", "--enforce-eager", "--kv-cache-memory", str(kv["with_headroom_bytes"]))
+    assert again["verdict"] == "fits" and said["generated_tokens"] == [6, 6, 6]
+    logged = int(re.search(r"GPU KV cache size: ([\d,]+) tokens", log).group(1).replace(",", ""))
+    assert logged == kv["with_headroom_tokens"] == again["kv_cache"]["tokens"]
+    # the card is full to what its last MiB and the allocator's rounding leave
+    assert 0 <= again["headroom_bytes"] < card["headroom_bytes"] // 16

@@ -113,7 +113,15 @@ def card_result(gpu: str, status: int, cap: Capture | None, *, capture_path: str
         "basis": r["measured"]["basis"], "theory": r["theory"], "gap": [g for g in r["gap"] if g["bytes"]],
         "measured": r["measured"]}
     if r.get("kv_cache"):
-        out["kv_cache"] = r["kv_cache"]
+        out["kv_cache"] = dict(r["kv_cache"])
+        if out["headroom_bytes"] is not None and out["headroom_bytes"] > 0:
+            # The cache with all of the headroom (a serving engine sizes its
+            # cache once, before it serves: vLLM's kv_cache_memory_bytes),
+            # in whole MiB below what would fill the card.
+            grown = (out["kv_cache"]["most_bytes"] + out["headroom_bytes"]) >> 20 << 20
+            out["kv_cache"]["with_headroom_bytes"] = grown
+            if out["kv_cache"].get("shape"):
+                out["kv_cache"]["with_headroom_tokens"] = grown // out["kv_cache"]["shape"]["bytes_per_token"]
     if "oom" in r:
         out["oom"] = r["oom"]
     out["warnings"] = r["warnings"]
@@ -267,6 +275,12 @@ def card_lines(c: dict[str, Any], top: int = 5) -> list[str]:
     else:
         lines += _peak_lines(c, top)
     lines += ["  " + line for line in kv_cache_lines(c.get("kv_cache"))]
+    grown = (c.get("kv_cache") or {}).get("with_headroom_bytes")
+    if grown:
+        tokens = c["kv_cache"].get("with_headroom_tokens")
+        lines.append(f"    with all of the headroom, a KV cache of {format_bytes(grown)}" +
+                     (f" ({tokens:,} tokens)" if tokens is not None else "") +
+                     f" would fill the card (vLLM: kv_cache_memory_bytes={grown})")
     if c["verdict"] == "failed":
         lines.append(f"  the command failed (exit status {c['exit_status']}) without running out of memory: "
                      "its verdict says nothing about memory")
