@@ -93,9 +93,11 @@ def _model_calls(cap: Capture) -> tuple[np.ndarray, np.ndarray]:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     step = np.where(ev.kind[idx] == EventKind.MODULE_ENTER, 1, -1)
     depth = np.cumsum(step)
-    before = depth - step
+    # (an exit whose entry came before recording began: depth held at 0)
+    depth -= np.minimum(np.minimum.accumulate(depth), 0)
+    before = np.concatenate(([0], depth[:-1]))
     first = idx[(before == 0) & (step == 1)]
-    last = idx[(depth == 0) & (step == -1)]
+    last = idx[(before == 1) & (depth == 0)]
     if len(last) < len(first):  # a call open when recording stopped
         last = np.append(last, len(ev))
     return first.astype(np.int64), last[:len(first)].astype(np.int64)
