@@ -67,6 +67,24 @@ def test_a_run_that_failed_otherwise_shows_the_end_of_its_log(tmp_path):
     assert "boom" not in out.getvalue()
 
 
+def test_a_failure_whose_cause_scrolled_away_names_its_first_error(tmp_path):
+    # a serving engine's core fails, then its client: the cause is the first
+    log = tmp_path / "L4-24GB.log"
+    log.write_text("(EngineCore pid=314) ERROR 11-27 [core.py:1584] ValueError: To serve at least one request "
+                   "with the model's max seq len (131072), 16.0 GiB KV cache is needed\n" +
+                   "".join(f"  frame {i}\n" for i in range(30)) +
+                   "RuntimeError: Engine core initialization failed. See root cause above.\n")
+    out = io.StringIO()
+    RunConsole(1, stream=out).end("L4-24GB", {"verdict": "failed", "exit_status": 1}, 0.5, str(log))
+    assert ("    the first error in it: ValueError: To serve at least one request with the model's max seq len "
+            "(131072), 16.0 GiB KV cache is needed\n") in out.getvalue()
+    # where the end of the log shows it already, it is not said twice
+    out = io.StringIO()
+    log.write_text("line\nValueError: boom\n")
+    RunConsole(1, stream=out).end("L4-24GB", {"verdict": "failed", "exit_status": 1}, 0.5, str(log))
+    assert "first error" not in out.getvalue()
+
+
 def test_verbose_says_where_each_run_starts_and_nothing_after():
     out = Terminal()
     console = RunConsole(1, verbose=True, stream=out)

@@ -10,13 +10,14 @@ passes it through instead, as `allocscope run` does."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 from typing import Any, TextIO
 
 from ..common.units import format_bytes
 
-__all__ = ["FAILED_TAIL_LINES", "RunConsole", "log_path", "tail"]
+__all__ = ["FAILED_TAIL_LINES", "RunConsole", "first_error", "log_path", "tail"]
 
 FAILED_TAIL_LINES = 15
 
@@ -37,6 +38,26 @@ def tail(path: str, lines: int = FAILED_TAIL_LINES) -> list[str]:
     except OSError:
         return []
     return text.rstrip("\n").splitlines()[-lines:] if text.strip() else []
+
+
+# An exception's line in a log: "ValueError: ...", after any prefix a
+# process puts before its lines ("(EngineCore pid=314) ERROR ... [core.py:1584] ").
+_EXCEPTION = re.compile(r"(?:^|\s)((?:[A-Za-z_][\w.]*)?(?:Error|Exception): .*)$")
+
+
+def first_error(path: str) -> str | None:
+    """The first exception a log names: where several processes fail in
+    turn (a serving engine's core, then its client), the cause."""
+    try:
+        with open(path, "rb") as f:
+            text = f.read(4 << 20).decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        m = _EXCEPTION.search(line)
+        if m:
+            return m.group(1).strip()
+    return None
 
 
 class RunConsole:
@@ -85,6 +106,9 @@ class RunConsole:
                 print(f"    the run's last {len(lines)} lines of output:", file=self.stream)
                 for line in lines:
                     print(f"    | {line}", file=self.stream)
+            cause = first_error(log)
+            if cause is not None and not any(cause in line for line in lines):
+                print(f"    the first error in it: {cause}", file=self.stream)
             print(f"    all of it: {os.path.relpath(log)}", file=self.stream)
         self._draw()
 
