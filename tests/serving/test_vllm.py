@@ -27,7 +27,7 @@ def fit(tmp_path, gpu, *options):
     p = subprocess.run([sys.executable, "-m", "allocscope", "fit", "--gpu", gpu, "--json", "-o", str(out), "--",
                         sys.executable, SCRIPT, *MODEL, *options], capture_output=True, text=True, timeout=900,
                        cwd=tmp_path)
-    log = (out / f"{gpu}.log").read_text()
+    log = (out / f"{gpu.replace(':', '-')}.log").read_text()
     assert p.returncode == 0, log[-4000:]
     said = json.loads([line for line in log.splitlines() if line.startswith("{\"num_gpu_blocks\"")][-1])
     return json.loads(p.stdout)["cards"][0], log, said
@@ -58,3 +58,19 @@ def test_the_kv_cache_that_takes_all_of_the_headroom_fits_in_a_second_run(tmp_pa
     assert logged == kv["with_headroom_tokens"] == again["kv_cache"]["tokens"]
     # the card is full to what its last MiB and the allocator's rounding leave
     assert 0 <= again["headroom_bytes"] < card["headroom_bytes"] // 16
+
+
+def test_too_long_a_context_is_vllms_own_error_and_the_length_it_names_fits(tmp_path):
+    big = ["--layers", "32", "--hidden", "512", "--intermediate", "1024", "--heads", "8", "--kv-heads", "8",
+           "--vocab", "4096", "--requests", "2", "--max-tokens", "4", "--enforce-eager"]
+    p = subprocess.run([sys.executable, "-m", "allocscope", "fit", "--gpu", "L4-24GB:8GiB", "-o", "long", "--",
+                        sys.executable, SCRIPT, *big, "--max-model-len", "131072"], capture_output=True, text=True,
+                       timeout=900, cwd=tmp_path)
+    assert p.returncode == 1 and "failed (exit status 1)" in p.stderr
+    # the engine's cause, not only its client's RuntimeError at the end
+    cause = re.search(r"the first error in it: ValueError: To serve at least one request with the model's max seq "
+                      r"len \(131072\).*estimated maximum model length is (\d+)", p.stderr)
+    assert cause, p.stderr[-3000:]
+    length = int(cause.group(1))
+    card, _, said = fit(tmp_path, "L4-24GB:8GiB", *big, "--max-model-len", str(length))
+    assert card["verdict"] == "fits" and said["generated_tokens"] == [4, 4]
