@@ -114,7 +114,7 @@ def card_result(gpu: str, status: int, cap: Capture | None, *, capture_path: str
         "measured": r["measured"]}
     if r.get("kv_cache"):
         out["kv_cache"] = dict(r["kv_cache"])
-        if out["headroom_bytes"] is not None and out["headroom_bytes"] > 0:
+        if out["verdict"] == "fits" and out["headroom_bytes"] is not None and out["headroom_bytes"] > 0:
             # The cache with all of the headroom (a serving engine sizes its
             # cache once, before it serves: vLLM's kv_cache_memory_bytes),
             # in whole MiB below what would fill the card.
