@@ -226,10 +226,9 @@ API nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t* pci
   std::snprintf(pci->busIdLegacy, sizeof(pci->busIdLegacy), "0000:%02X:00.0", pci->bus);
   return kSuccess;
 }
+// (_v2 fills the same struct; the unversioned symbol's is an older, smaller
+// one, left out rather than overrun)
 API nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t device, nvmlPciInfo_t* pci) {
-  return nvmlDeviceGetPciInfo_v3(device, pci);
-}
-API nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t device, nvmlPciInfo_t* pci) {
   return nvmlDeviceGetPciInfo_v3(device, pci);
 }
 // Every card is near every CPU of the host: one NUMA node.
