@@ -32,8 +32,13 @@ def figures(segments: list[SegmentInfo]) -> dict[str, Any]:
     largest = 0
     by_pool: dict[tuple[int, int, str], dict[str, int]] = {}
     fragmented = 0
+    private = {"segments": 0, "reserved": 0, "allocated": 0}  # CUDA graphs' and MemPools' own pools
     for s in segments:
         reserved += s.total_size
+        if tuple(s.pool) != (0, 0):
+            private["segments"] += 1
+            private["reserved"] += s.total_size
+            private["allocated"] += sum(b.size for b in s.blocks if b.state == ALLOCATED)
         busy = any(b.state != INACTIVE for b in s.blocks)
         seg_free = 0
         pool = by_pool.setdefault((s.device, s.stream, s.pool_kind), {"free": 0, "largest_free": 0})
@@ -65,6 +70,7 @@ def figures(segments: list[SegmentInfo]) -> dict[str, Any]:
         "unreleasable_free": unreleasable,
         "fragmented_segments": fragmented,
         "pools": [{"device": d, "stream": st, "pool": p} | v for (d, st, p), v in sorted(by_pool.items())],
+        "private_pools": private,
     }
 
 

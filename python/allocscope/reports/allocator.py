@@ -181,6 +181,10 @@ def allocator_lines(a: dict[str, Any] | None, top: int) -> list[str]:
             ("unreleasable", format_bytes(st["unreleasable_free"]), f"free inside {st['fragmented_segments']} "
              "segments that also hold live blocks (empty_cache cannot return it)"),
             ("awaiting streams", format_bytes(st["pending_free"]), "freed, still in use by another stream"),
+            *([("private pools", format_bytes(st["private_pools"]["reserved"]),
+                f"{st['private_pools']['segments']} segments of CUDA graphs' (and MemPools') own pools, "
+                f"{format_bytes(st['private_pools']['allocated'])} allocated")]
+              if st.get("private_pools", {}).get("segments") else []),
         ], {1})
         for seg in st["pinned_segments"][:3]:
             lines.append(f"  segment {seg['address']:#x} ({format_bytes(seg['total_size'])}, {seg['pool']} pool): "
