@@ -6,8 +6,8 @@ downloaded; token ids in, no tokenizer).
     allocscope fit --gpu L4-24GB -- python examples/vllm_generate.py
 
 Prints, as its last line, one JSON object: the KV cache vLLM sized (its
-number of GPU blocks and block size), the tokens generated, and torch's
-peak reserved bytes.
+number of GPU blocks and block size) and the tokens generated. (The memory
+is the engine core's, a child process by default: its own capture.)
 """
 
 from __future__ import annotations
@@ -61,13 +61,10 @@ def main() -> None:
     prompts = [{"prompt_token_ids": [(7 * i + j) % (args.vocab - 3) + 3 for j in range(args.prompt_len)]}
                for i in range(args.requests)]
     outputs = llm.generate(prompts, SamplingParams(max_tokens=args.max_tokens, ignore_eos=True, detokenize=False))
-    import torch
-
     cache = llm.llm_engine.vllm_config.cache_config
     print(json.dumps({
         "num_gpu_blocks": cache.num_gpu_blocks, "block_size": cache.block_size,
         "generated_tokens": [len(o.outputs[0].token_ids) for o in outputs],
-        "max_memory_reserved": torch.cuda.max_memory_reserved(),
     }))
 
 
