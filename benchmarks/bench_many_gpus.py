@@ -219,7 +219,7 @@ def torchtitan(world: int, tp: int, pp: int = 4) -> dict:
     mesh = ["--parallelism.data_parallel_shard_degree", str(dp), "--parallelism.tensor_parallel_degree", str(tp),
             "--parallelism.pipeline_parallel_degree", str(pp)]
     with tempfile.TemporaryDirectory() as d:
-        _write_torchtitan_assets(d)
+        subprocess.run([sys.executable, os.path.join(ROOT, "tests", "scripts", "torchtitan_assets.py"), d], check=True)
         cmd = [sys.executable, "-m", "allocscope", "fit", "--gpu", "H100-80GB", "--world-size", str(world), "--ranks",
                ranks, "--json", "-o", os.path.join(d, "fit"), "--", sys.executable, *TORCHTITAN_8B, *mesh]
         m = _measured(cmd, cwd=d)
@@ -236,15 +236,6 @@ def torchtitan(world: int, tp: int, pp: int = 4) -> dict:
                                                  "error_pct": _pct(textbook, card.get("peak_reserved_bytes") or 0)}})
     return {"world_size": world, "mesh": {"pp": pp, "dp_shard": dp, "tp": tp}, "ranks": ranks, **m,
             "job": doc["jobs"][0], "stages": stages, "torchtitan_fake_backend_dry_run": own}
-
-
-def _write_torchtitan_assets(folder: str) -> None:
-    sys.path.insert(0, os.path.join(ROOT, "tests", "scripts"))
-    try:
-        import torchtitan_assets
-    finally:
-        sys.path.pop(0)
-    torchtitan_assets.write(folder)
 
 
 def _torchtitan_dry_run(folder: str, world: int, mesh: list[str]) -> dict:

@@ -19,6 +19,8 @@ from ..support.many_gpus import MARKS, allocscope_cli
 
 pytestmark = [*MARKS, pytest.mark.heavy]
 
+ASSETS = os.path.join(ROOT, "tests", "scripts", "torchtitan_assets.py")
+
 TRAIN = ["-m", "torchtitan.train", "--module", "llama3", "--config", "llama3_debugmodel", "--training.steps", "2",
          # torchtitan refuses its default CUDA graphs with pipeline parallelism
          "--training.disable_cuda_graphs", "--parallelism.data_parallel_shard_degree", "2",
@@ -34,12 +36,7 @@ def assets(tmp_path):
                               timeout=300)
     if imported.returncode != 0:
         pytest.skip(f"torchtitan does not import on this torch: {imported.stderr.strip().splitlines()[-1]}")
-    sys.path.insert(0, os.path.join(ROOT, "tests", "scripts"))
-    try:
-        import torchtitan_assets
-    finally:
-        sys.path.pop(0)
-    torchtitan_assets.write(str(tmp_path))
+    subprocess.run([sys.executable, ASSETS, str(tmp_path)], check=True, timeout=300)
     return tmp_path
 
 
