@@ -51,6 +51,15 @@ def test_a_static_cache_is_the_formula_for_every_position_it_holds(tmp_path):
     # beside the keys and values, only the layers' position counters (8 B each)
     assert kv["most_bytes"] == tokens * PER_TOKEN + 8 * LAYERS
     assert doc["peak"]["by_category"]["kv_cache"] == kv["bytes"]
+    # the estimate's KV cache is the formula for the tokens generate() asked;
+    # the waterfall's kv_cache line is the difference: the last new token, the counters
+    asked = BATCH * (PROMPT + NEW)
+    assert doc["theory"]["kv_cache_tokens"] == asked and doc["theory"]["kv_cache"] == asked * PER_TOKEN
+    line = next(g for g in doc["gap"] if g["item"] == "kv_cache")
+    assert line["bytes"] == kv["bytes"] - asked * PER_TOKEN == -BATCH * PER_TOKEN + 8 * LAYERS
+    measured = doc["measured"]
+    assert measured["basis"] == "device_used"
+    assert doc["theory"]["total"] + sum(g["bytes"] for g in doc["gap"]) == measured["total_bytes"]
 
 
 def test_a_dynamic_cache_grows_a_token_a_step_and_its_temporaries_are_not_cache(tmp_path):
@@ -66,7 +75,11 @@ def test_a_dynamic_cache_grows_a_token_a_step_and_its_temporaries_are_not_cache(
     # every step's keys and values: the prompt's, then one token more each step
     sizes = sorted(set(att.size[cache].tolist()))
     assert sizes == [BATCH * KV_HEADS * HEAD_DIM * 2 * t for t in range(PROMPT, PROMPT + NEW)]
-    # the report's waterfall still adds up to the device's memory
+    # the report's waterfall still adds up to the device's memory, from the
+    # formula for the tokens asked to what the cache held at the peak
+    assert doc["theory"]["kv_cache"] == BATCH * (PROMPT + NEW) * PER_TOKEN
+    line = next(g for g in doc["gap"] if g["item"] == "kv_cache")
+    assert line["bytes"] == doc["peak"]["by_category"]["kv_cache"] - doc["theory"]["kv_cache"]
     measured = doc["measured"]
     assert doc["theory"]["total"] + sum(g["bytes"] for g in doc["gap"]) == measured["total_bytes"]
 

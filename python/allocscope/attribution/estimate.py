@@ -2,15 +2,26 @@
 waterfall of measured line items that takes it to what was measured.
 
 Theory, for the moment analysed:
-  parameters           bytes of the watched models' parameters
+  parameters           bytes of the watched models' parameters (the weights)
   gradients            the trainable parameters again, when the capture trains
                        (has a backward phase)
   optimizer_state      k x trainable bytes: SGD 0, SGD with momentum 1,
                        Adam/AdamW 2 (3 with amsgrad), ...
   activations          the sum of leaf modules' new outputs in the forward
-                       pass that the moment belongs to (the last one begun)
+                       pass that the moment belongs to (the last one begun);
+                       in inference (no backward phase) nothing is kept for
+                       a backward pass, and one forward needs about its
+                       largest layer output at a time: the largest leaf
+                       module's new output in the calls of the model begun
+                       by then (a generation's prefill, a serving engine's
+                       profile run over its largest batch)
   activation_gradients as much again, when training ("backward doubles")
   inputs               the inputs of that forward pass
+  kv_cache             inference: the KV cache for the tokens asked, 2 x
+                       layers x key/value heads x head dim x bytes per
+                       element x sequences x (prompt + new tokens), where
+                       the model's config gives the first and its last
+                       generate() call the second (recording/generation.py)
 
 Waterfall: one item per category (measured requested bytes minus the theory
 figure it corresponds to; categories the estimate ignores count in full),
@@ -29,8 +40,9 @@ from typing import Any
 import numpy as np
 
 from ..capture.baselines import nccl_memory, outside_allocator
-from ..capture.format import EventKind
+from ..capture.format import MODULE_LEAF, EventKind
 from .categories import Attribution
+from .kv_cache import model_calls
 from .timeline import Moment, Timeline
 
 __all__ = ["ConservationError", "theory", "waterfall"]
@@ -46,8 +58,10 @@ _LINES = (
      "autograd saves inputs, masks and indices, not only layer outputs; checkpointing saves less"),
     ("input", "inputs", "inputs", "the batch and its copies"),
     ("output", "outputs", None, "forward results the training loop keeps past backward: outputs, the loss"),
-    ("kv_cache", "kv_cache", None,
-     "keys and values cached between decoding steps (transformers' caches, vLLM's and SGLang's KV blocks)"),
+    ("kv_cache", "kv_cache", "kv_cache",
+     "keys and values cached between decoding steps (transformers' caches, vLLM's and SGLang's KV blocks), "
+     "beyond the tokens asked: a static cache's unused positions, the last new token (never fed back), "
+     "a serving engine's cache sized to the memory left"),
     ("temporary", "temporaries", "activation_gradients",
      "intermediates freed within their phase, in place of the estimate's activation gradients"),
     ("workspace", "workspaces", None,
@@ -55,6 +69,13 @@ _LINES = (
     ("other", "other", None, "allocated outside watched phases, or before recording"),
     ("unknown", "unknown", None, "allocations no rule explains"),
 )
+
+
+# The lines whose reason differs in inference (no backward phase).
+_INFERENCE_DETAIL = {
+    "activations": "inference keeps nothing for a backward pass: a forward's layer outputs are temporaries",
+    "temporaries": "intermediates freed within their phase: in inference, every layer's outputs and scratch",
+}
 
 
 class ConservationError(AssertionError):
@@ -70,6 +91,38 @@ def _forward_at(att: Attribution, e: int) -> tuple[int, int, int] | None:
         return None
     begun = [f for f in forwards if f[0] <= e]
     return begun[-1] if begun else forwards[0]
+
+
+def _largest_call(att: Attribution, e: int) -> tuple[int, int, int] | None:
+    """(first event, end event, bytes) of the outermost call of a watched
+    model, begun at or before e (else the first), with the largest new
+    output of a leaf module, and that output's bytes: inference's "one
+    forward" (module docstring)."""
+    first, last = model_calls(att.capture)
+    if not len(first):
+        return None
+    ev = att.capture.events
+    idx = np.flatnonzero((ev.kind == EventKind.MODULE_EXIT) & (ev.addr == MODULE_LEAF))
+    sizes = ev.size[idx].astype(np.int64)
+    lo, hi = np.searchsorted(idx, first), np.searchsorted(idx, last)
+    largest = np.array([sizes[a:b].max() if b > a else 0 for a, b in zip(lo.tolist(), hi.tolist(), strict=True)],
+                       np.int64)
+    begun = np.flatnonzero(first <= e)
+    pick = int(begun[np.argmax(largest[begun])]) if len(begun) else 0
+    return int(first[pick]), int(last[pick]), int(largest[pick])
+
+
+def _kv_cache_asked(att: Attribution) -> tuple[int, int]:
+    """(bytes, tokens) of the KV cache for the tokens the watched models'
+    last generate() calls asked (module docstring); (0, 0) where none says."""
+    total = tokens = 0
+    for w in att.watches:
+        shape, asked = w.get("kv_cache"), w.get("generate")
+        if isinstance(shape, dict) and isinstance(asked, dict):
+            n = int(asked["sequences"]) * (int(asked["prompt_tokens"]) + int(asked["max_new_tokens"]))
+            tokens += n
+            total += n * int(shape["bytes_per_token"])
+    return total, tokens
 
 
 def theory(att: Attribution, e: int) -> dict[str, Any]:
@@ -91,7 +144,7 @@ def theory(att: Attribution, e: int) -> dict[str, Any]:
         else:
             optimizer_state += int(round(k * int(w.get("trainable", 0))))
     activations = inputs = 0
-    span = _forward_at(att, e)
+    span = _forward_at(att, e) if training else _largest_call(att, e)
     if span is not None:
         first, end, activations = span
         if not activations:
@@ -106,6 +159,7 @@ def theory(att: Attribution, e: int) -> dict[str, Any]:
         inputs = sum(seen.values())
     if not att.watches:
         notes.append("no model was watched (allocscope.watch): the estimate is empty")
+    kv_cache, kv_tokens = _kv_cache_asked(att) if not training else (0, 0)
     out = {
         "parameters": parameters,
         "gradients": trainable if training else 0,
@@ -113,12 +167,14 @@ def theory(att: Attribution, e: int) -> dict[str, Any]:
         "activations": activations,
         "activation_gradients": activations if training else 0,
         "inputs": inputs,
+        "kv_cache": kv_cache,
+        "kv_cache_tokens": kv_tokens,
         "training": training,
         "optimizers": optimizers,
         "notes": notes,
     }
     out["total"] = sum(out[k] for k in ("parameters", "gradients", "optimizer_state", "activations",
-                                        "activation_gradients", "inputs"))
+                                        "activation_gradients", "inputs", "kv_cache"))
     return out
 
 
@@ -127,6 +183,8 @@ def waterfall(att: Attribution, m: Moment, th: dict[str, Any], tl: Timeline) -> 
     items = []
     for category, item, figure, detail in _LINES:
         t = int(th[figure]) if figure else 0
+        if not th["training"]:
+            detail = _INFERENCE_DETAIL.get(item, detail)
         items.append({"item": item, "bytes": m.by_category[category] - t, "measured_bytes": m.by_category[category],
                       "theory_bytes": t, "detail": detail})
     items.append({"item": "allocator_rounding", "bytes": m.rounded_bytes - m.requested_bytes,

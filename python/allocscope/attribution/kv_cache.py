@@ -26,7 +26,7 @@ from ..capture.format import MODULE_BACKWARD, EventKind
 from ..capture.reader import Capture
 from ..capture.stacks import is_library
 
-__all__ = ["kv_cache_rows", "kv_cache_site", "kv_cache_stacks"]
+__all__ = ["kv_cache_rows", "kv_cache_site", "kv_cache_stacks", "model_calls"]
 
 
 def kv_cache_site(filename: str, function: str) -> bool:
@@ -76,14 +76,14 @@ def kv_cache_rows(cap: Capture, stack: np.ndarray, start: np.ndarray, end: np.nd
     if not in_cache.any():
         return np.zeros(len(stack), bool)
     made = in_cache[np.clip(stack, 0, len(in_cache) - 1)] & (stack < len(in_cache))
-    first, last = _model_calls(cap)
+    first, last = model_calls(cap)
     call = np.searchsorted(first, start, side="right") - 1
     inside = (call >= 0) & (start < last[np.maximum(call, 0)]) if len(first) else np.zeros(len(start), bool)
     freed_inside = inside & (end < last[np.maximum(call, 0)]) if len(first) else inside
     return made & ~freed_inside
 
 
-def _model_calls(cap: Capture) -> tuple[np.ndarray, np.ndarray]:
+def model_calls(cap: Capture) -> tuple[np.ndarray, np.ndarray]:
     """(first, last) events of each outermost call of a watched module (its
     forward scopes: a generation's steps are calls of one forward phase)."""
     ev = cap.events

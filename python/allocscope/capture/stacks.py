@@ -5,9 +5,11 @@ report (sites, OOM requests, the blocks that pin a segment)."""
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Callable
 
-__all__ = ["is_library", "site", "user_frame"]
+import numpy as np
+
+__all__ = ["is_library", "site", "stacks_through", "user_frame"]
 
 _LIBRARY = re.compile(r"^<frozen |[/\\](torch|allocscope)[/\\]")
 
@@ -33,3 +35,22 @@ def site(cap: Any, stack_id: int) -> str | None:
     """The user's line of a stack as 'file:line (function)', None for an empty stack."""
     f = user_frame(cap, stack_id)
     return f"{f[0]}:{f[2]} ({f[1]})" if f else None
+
+
+def stacks_through(cap: Any, frame_matches: Callable[[str, str], bool]) -> np.ndarray:
+    """Per stack node: whether any frame of its stack (the node's or a
+    caller's) matches, frame_matches(filename, function)."""
+    n = len(cap.stack_parent)
+    frames = cap.stack_frame.astype(np.int64)
+    present = np.unique(frames[1:]).tolist() if n > 1 else []
+    hits = [f for f in present
+            if frame_matches(cap.strings[cap.frame_file[f]], cap.strings[cap.frame_function[f]])]
+    flag = np.isin(frames, np.array(hits, np.int64))
+    if n:
+        flag[0] = False  # node 0: the empty stack
+    up = cap.stack_parent.astype(np.int64)
+    # Pointer jumping: after round k a node has looked 2^k callers up.
+    while flag.any() and up.any():
+        flag = flag | flag[up]
+        up = up[up]
+    return flag

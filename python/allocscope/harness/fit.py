@@ -28,6 +28,7 @@ from ..recording.limits import ENV_LIMITS, Limits
 from ..recording.metadata import ENV_FIT
 from ..reports.fit import FIT_DOCUMENT, fit_document, foreseen_result, run_result, search_document
 from ..reports.scaling import memory_model
+from ..reports.serving import read_log
 from .child import command_line, finished_outputs, outputs, wait_for
 from .console import RunConsole, log_path
 from .run import run_together, shared_cards
@@ -211,7 +212,7 @@ class _Runs:
             written = [p for p in written if p == f"{stem}.rank{rank}{ext}"]
         cap = _card_process([load(p, salvage=True) for p in written]) if written else None
         card = run_result(gpu, status, cap, capture_path=os.path.relpath(cap.path) if cap is not None else None,
-                          top=self.top, value=value, routing=routing, rank=rank, role=role)
+                          top=self.top, value=value, routing=routing, rank=rank, role=role, log=read_log(log))
         label = " ".join([gpu, *([] if rank is None else [f"rank {rank}"]),
                           *([] if value is None else [f"{self.search[0]}={value}"]),
                           *([] if routing is None else [f"routing={routing}"])])

@@ -40,6 +40,7 @@ from typing import Any, Callable
 
 from ..capture.format import MODULE_LEAF, EventKind
 from ..common.native import native
+from .generation import GenerateWatch, running_generation
 from .module_scopes import ForwardWrapper, can_wrap
 from .module_scopes import new_output_bytes as _new_output_bytes
 from .module_scopes import storage as _storage
@@ -201,6 +202,10 @@ class Watch:
 
         self._emit(EventKind.WATCH, json.dumps(self._summary(model, optimizer), sort_keys=True))
         self._label_parameters(model, force=True)
+        self._handles.append(GenerateWatch(model, self._generating))
+        under_way = running_generation(model)
+        if under_way is not None:
+            self._generating(under_way)
 
     # ---- public
 
@@ -256,6 +261,11 @@ class Watch:
     def _emit(self, kind: int, label: str, addr: int = 0, size: int = 0) -> None:
         if not self._removed:
             self._annotate(int(kind), label, addr, size, False)
+
+    def _generating(self, request: dict[str, int]) -> None:
+        """A generate() call began (generation.py): what it asks, as an update of the watch."""
+        self._emit(EventKind.WATCH, json.dumps({"name": self.name, "update": True, "generate": request},
+                                               sort_keys=True))
 
     def _recorded_storage(self, t: Any) -> tuple[int, int] | None:
         """(data pointer, bytes) of a tensor's storage if it lives on a

@@ -7,7 +7,9 @@ docs/report.md), with its text rendering (render_fit).
 A card's verdict:
   fits             the command exited with status 0 and no allocation failed;
   out of memory    an allocation failed (an OOM event was recorded), whether
-                   or not the command caught the error;
+                   or not the command caught the error, or a serving engine
+                   refused to start for want of memory (its log says so:
+                   reports/serving.py);
   failed           the command exited with another status and nothing ran out
                    of memory: it failed for another reason, which says
                    nothing about memory;
@@ -33,6 +35,7 @@ from .analysis import analyse
 from .report import build_report
 from .scaling import FIXED_CATEGORIES, model_lines
 from .sections import kv_cache_lines, waterfall_lines
+from .serving import engine_figures, serving_lines, serving_side_by_side
 from .text import table
 
 __all__ = ["FIT_DOCUMENT", "FIT_SCHEMA", "FitDocument", "card_lines", "card_result", "caveats", "fit_document",
@@ -61,18 +64,21 @@ def _device(cap: Capture) -> dict[str, Any]:
 
 
 def card_result(gpu: str, status: int, cap: Capture | None, *, capture_path: str | None = None,
-                top: int = 5, report: dict[str, Any] | None = None) -> dict[str, Any]:
+                top: int = 5, report: dict[str, Any] | None = None, log: str = "") -> dict[str, Any]:
     """One card's entry of the fit document. status: the command's exit
     status; cap: the capture of its process (of several, the one
     harness/fit.py chose), None if none was written;
-    report: its build_report(cap), where already made."""
+    report: its build_report(cap), where already made; log: the run's
+    output, where a serving engine logs its own figures (reports/serving.py)."""
     out: dict[str, Any] = {"gpu": gpu, "exit_status": status, "capture": capture_path}
+    said = engine_figures(log) if log else None
     if cap is None:
         return out | {"verdict": "no capture"}
     ooms = int((cap.events.kind == EventKind.OOM).sum())
+    refused = status != 0 and said is not None and said.get("refusal") is not None
     # A damaged capture's read stopped early: what it read cannot say the rest fit.
-    out["verdict"] = ("out of memory" if ooms else "damaged capture" if cap.damaged else "fits" if status == 0
-                      else "failed")
+    out["verdict"] = ("out of memory" if ooms or refused else "damaged capture" if cap.damaged
+                      else "fits" if status == 0 else "failed")
     out["ooms"] = ooms
     an = None
     if report is None:
@@ -94,6 +100,9 @@ def card_result(gpu: str, status: int, cap: Capture | None, *, capture_path: str
     out["headroom_bytes"] = (None if total is None or peak_reserved is None or outside is None or ooms
                              else int(total) - peak_reserved - outside)
     out["shortfall_bytes"] = (r.get("oom") or {}).get("shortfall")
+    if refused and not ooms:  # the engine's own reckoning, not an allocation that failed
+        out["headroom_bytes"] = None
+        out["shortfall_bytes"] = said["refusal"]["shortfall_bytes"]
     # What filled memory: at the peak of allocated memory, the moment the
     # sites are of too (the reserved peak can come where little is allocated).
     focus = r["peak"]
@@ -122,6 +131,9 @@ def card_result(gpu: str, status: int, cap: Capture | None, *, capture_path: str
             out["kv_cache"]["with_headroom_bytes"] = grown
             if out["kv_cache"].get("shape"):
                 out["kv_cache"]["with_headroom_tokens"] = grown // out["kv_cache"]["shape"]["bytes_per_token"]
+    serving = serving_side_by_side(r.get("serving"), said, out.get("kv_cache"))
+    if serving is not None:
+        out["serving"] = serving
     if "oom" in r:
         out["oom"] = r["oom"]
     out["warnings"] = r["warnings"]
@@ -135,14 +147,14 @@ def card_result(gpu: str, status: int, cap: Capture | None, *, capture_path: str
 
 def run_result(gpu: str, status: int, cap: Capture | None, *, capture_path: str | None, top: int,
                value: int | None = None, routing: str | None = None, rank: int | None = None,
-               role: str | None = None) -> dict[str, Any]:
+               role: str | None = None, log: str = "") -> dict[str, Any]:
     """The entry of one run the harness made (harness/fit.py): card_result,
     led by what the run was, where it was one of several on the card: the
     searched value, the MoE routing, the rank of a job (and its role in it:
     "stage 3 of 4; pp 3/4, tp 0/2", vgpu/roles.py)."""
     lead = {k: v for k, v in (("value", value), ("routing", routing), ("rank", rank), ("role", role))
             if v is not None}
-    return lead | card_result(gpu, status, cap, capture_path=capture_path, top=top)
+    return lead | card_result(gpu, status, cap, capture_path=capture_path, top=top, log=log)
 
 
 def foreseen_result(value: int, ran: dict[str, Any], total: int) -> dict[str, Any]:
@@ -281,6 +293,7 @@ def card_lines(c: dict[str, Any], top: int = 5) -> list[str]:
         lines.append(f"    with all of the headroom, a KV cache of {format_bytes(grown)}" +
                      (f" ({tokens:,} tokens)" if tokens is not None else "") +
                      f" would fill the card (vLLM: kv_cache_memory_bytes={grown})")
+    lines += ["  " + line for line in serving_lines(c.get("serving"))]
     if c["verdict"] == "failed":
         lines.append(f"  the command failed (exit status {c['exit_status']}) without running out of memory: "
                      "its verdict says nothing about memory")

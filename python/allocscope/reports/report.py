@@ -22,7 +22,8 @@ SCHEMA = "allocscope.report/1"
 
 # The order the text tells the sections in: the explanation first (the
 # waterfall, then what was live), the allocator after, the warnings last.
-TEXT_ORDER = ("waterfall", "moments", "kv_cache", "sites", "ops", "iterations", "allocator", "oom", "warnings")
+TEXT_ORDER = ("waterfall", "moments", "kv_cache", "sites", "ops", "iterations", "allocator", "serving", "oom",
+              "warnings")
 
 
 # What a capture made on the virtual GPU is faithful to (docs/vgpu.md).

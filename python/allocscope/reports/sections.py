@@ -26,6 +26,7 @@ from ..capture.reader import Capture
 from ..common.units import format_bytes
 from .allocator import allocator_lines, allocator_section, oom_lines, oom_section
 from .analysis import Analysis
+from .serving import serving_lines, serving_measured, serving_side_by_side
 from .text import shorten, table
 
 __all__ = ["MAX_PAGE_ITERATIONS", "REPORT_SECTIONS", "Scope", "Section", "kv_cache_lines", "peak_of",
@@ -128,8 +129,10 @@ def _build_waterfall(s: Scope, doc: Document) -> Document:
 def waterfall_lines(th: Document, gap: list[Document], measured: Document) -> list[str]:
     """The waterfall as text: the textbook estimate (build_report's "theory"),
     each item of the difference ("gap"), the measured total ("measured")."""
+    asked = f" + KV cache for {th['kv_cache_tokens']:,} tokens asked" if th.get("kv_cache_tokens") else ""
     rows = [("estimate", format_bytes(th["total"]), "parameters + gradients + optimizer state + "
-             "activations x2 + inputs" if th["training"] else "parameters + activations + inputs")]
+             "activations x2 + inputs" if th["training"] else "parameters + activations of one forward + inputs" +
+             asked)]
     for item in gap:
         if item["bytes"] == 0:
             continue
@@ -270,6 +273,16 @@ def _build_oom(s: Scope, doc: Document) -> Document:
     return {} if oom is None else {"oom": oom}
 
 
+def _build_serving(s: Scope, doc: Document) -> Document:
+    measured = serving_measured(s.cap, s.an.att, s.an.tl, doc)
+    return {} if measured is None else {"serving": measured}
+
+
+def _text_serving(r: Document, top: int) -> list[str]:
+    lines = serving_lines(serving_side_by_side(r.get("serving"), None, r.get("kv_cache")))
+    return ["", *lines] if lines else []
+
+
 REPORT_SECTIONS: tuple[Section, ...] = (
     Section("moments", _build_moments, _text_moments, _page_moments, ("header", "drawTimeline", "tables")),
     Section("waterfall", _build_waterfall, _text_waterfall, lambda r: {k: r[k] for k in ("theory", "gap", "measured")},
@@ -284,6 +297,7 @@ REPORT_SECTIONS: tuple[Section, ...] = (
             lambda r: {"warnings": r["warnings"]}, ("header",)),
     Section("module_classes", _build_module_classes),
     Section("allocator", _build_allocator, lambda r, top: allocator_lines(r.get("allocator"), top)),
+    Section("serving", _build_serving, _text_serving),
     Section("oom", _build_oom, lambda r, top: oom_lines(r.get("oom"), top), lambda r: {"oom": r.get("oom")},
             ("allocatorFigures",)),
 )
