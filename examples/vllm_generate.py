@@ -1,6 +1,6 @@
 """vLLM offline generation, as its docs write it (`LLM(...)`, `generate`), on a
-Llama-style model made from its config with dummy weights (nothing
-downloaded; token ids in, no tokenizer).
+Llama-style (or, with --experts, a Qwen2-MoE) model made from its config
+with dummy weights (nothing downloaded; token ids in, no tokenizer).
 
     python examples/vllm_generate.py --max-model-len 2048 --requests 4
     allocscope fit --gpu L4-24GB -- python examples/vllm_generate.py
@@ -19,9 +19,8 @@ import tempfile
 
 
 def model_folder(args: argparse.Namespace) -> str:
-    """A folder with a Llama config.json: what vLLM reads of a model besides its weights."""
-    folder = os.path.join(tempfile.gettempdir(), f"allocscope-vllm-llama-{args.layers}x{args.hidden}-{args.kv_heads}")
-    os.makedirs(folder, exist_ok=True)
+    """A folder with a config.json (Llama, or with --experts a Qwen2-MoE):
+    what vLLM reads of a model besides its weights."""
     config = {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": args.hidden,
         "intermediate_size": args.intermediate, "num_hidden_layers": args.layers,
@@ -29,6 +28,17 @@ def model_folder(args: argparse.Namespace) -> str:
         "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
         "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False,
     }
+    if args.experts:
+        config.update({
+            "architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "num_experts": args.experts,
+            "num_experts_per_tok": args.experts_per_token, "moe_intermediate_size": args.moe_intermediate,
+            "shared_expert_intermediate_size": args.intermediate, "decoder_sparse_step": 1,
+            "norm_topk_prob": False, "mlp_only_layers": [], "rope_theta": 1000000.0,
+        })
+    name = "-".join(str(config[k]) for k in ("model_type", "num_hidden_layers", "hidden_size",
+                                               "num_key_value_heads", "vocab_size")) + f"-{args.experts}"
+    folder = os.path.join(tempfile.gettempdir(), f"allocscope-vllm-{name}")
+    os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(config, f)
     return folder
@@ -42,6 +52,9 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=32)
     parser.add_argument("--kv-heads", type=int, default=8)
     parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--experts", type=int, default=0, help="a Qwen2-MoE model of this many experts a layer")
+    parser.add_argument("--experts-per-token", type=int, default=4)
+    parser.add_argument("--moe-intermediate", type=int, default=1408)
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--max-num-seqs", type=int, default=16)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)

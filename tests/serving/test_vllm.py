@@ -46,6 +46,20 @@ def test_the_engine_serves_and_its_kv_cache_is_the_one_vllm_logs(tmp_path, gpu, 
                             capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert report.returncode == 0, report.stderr[-3000:]
     assert json.loads(report.stdout)["allocator"]["replay"]["exact"]
+    # vLLM's own figures beside the capture's, which agree where vLLM measured (to its 0.01 GiB)
+    said, measured = card["serving"]["said"], card["serving"]["measured"]
+    assert said["kv_cache_tokens"] == logged and said["max_model_len"] == 1024
+    assert card["serving"]["max_concurrency"] == said["max_concurrency"]
+    gib = 1 << 30
+    profile = measured["profile_run"]["peak_activation_bytes"]
+    # (vLLM's peak activation holds its graph estimate where it captures graphs)
+    assert abs(profile + said.get("graph_estimate_bytes", 0) - said["peak_activation_bytes"]) <= 0.01 * gib
+    if eager:
+        assert measured["capture_model"] is None and measured["graph_pool_bytes"] == 0
+    else:
+        # vLLM's "actual" graph memory: what capturing them took of the device's free memory, as it rounds
+        assert round(measured["capture_model"]["reserved_bytes"] / gib, 2) == round(said["graph_bytes"] / gib, 2)
+        assert 0 < measured["graph_pool_bytes"] <= measured["capture_model"]["reserved_bytes"]
 
 
 def test_the_kv_cache_that_takes_all_of_the_headroom_fits_in_a_second_run(tmp_path):
@@ -60,17 +74,38 @@ def test_the_kv_cache_that_takes_all_of_the_headroom_fits_in_a_second_run(tmp_pa
     assert 0 <= again["headroom_bytes"] < card["headroom_bytes"] // 16
 
 
+BIG = ["--layers", "32", "--hidden", "512", "--intermediate", "1024", "--heads", "8", "--kv-heads", "8",
+       "--vocab", "4096", "--requests", "2", "--max-tokens", "4", "--enforce-eager"]
+
+
 def test_too_long_a_context_is_vllms_own_error_and_the_length_it_names_fits(tmp_path):
-    big = ["--layers", "32", "--hidden", "512", "--intermediate", "1024", "--heads", "8", "--kv-heads", "8",
-           "--vocab", "4096", "--requests", "2", "--max-tokens", "4", "--enforce-eager"]
-    p = subprocess.run([sys.executable, "-m", "allocscope", "fit", "--gpu", "L4-24GB:8GiB", "-o", "long", "--",
-                        sys.executable, SCRIPT, *big, "--max-model-len", "131072"], capture_output=True, text=True,
-                       timeout=900, cwd=tmp_path)
-    assert p.returncode == 1 and "failed (exit status 1)" in p.stderr
-    # the engine's cause, not only its client's RuntimeError at the end
-    cause = re.search(r"the first error in it: ValueError: To serve at least one request with the model's max seq "
-                      r"len \(131072\).*estimated maximum model length is (\d+)", p.stderr)
-    assert cause, p.stderr[-3000:]
+    p = subprocess.run([sys.executable, "-m", "allocscope", "fit", "--gpu", "L4-24GB:8GiB", "-o", "long", "--json",
+                        "--", sys.executable, SCRIPT, *BIG, "--max-model-len", "131072"], capture_output=True,
+                       text=True, timeout=900, cwd=tmp_path)
+    assert p.returncode == 1
+    log = (tmp_path / "long" / "L4-24GB-8GiB.log").read_text()
+    cause = re.search(r"ValueError: To serve at least one request with the model's max seq len \(131072\).*"
+                      r"estimated maximum model length is (\d+)", log)
+    assert cause, log[-3000:]
     length = int(cause.group(1))
-    card, _, said = fit(tmp_path, "L4-24GB:8GiB", *big, "--max-model-len", str(length))
+    # vLLM's refusal is the card running out of memory, by what the tokens past its length take
+    card = json.loads(p.stdout)["cards"][0]
+    assert card["verdict"] == "out of memory" and card["ooms"] == 0
+    refusal = card["serving"]["said"]["refusal"]
+    assert refusal["max_model_len"] == 131072 and refusal["estimated_max_model_len"] == length
+    assert card["shortfall_bytes"] == refusal["shortfall_bytes"] > 0
+    card, _, said = fit(tmp_path, "L4-24GB:8GiB", *BIG, "--max-model-len", str(length))
     assert card["verdict"] == "fits" and said["generated_tokens"] == [4, 4]
+
+
+def test_the_longest_max_model_len_that_fits_is_searched_and_is_vllms_own_limit(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "allocscope", "fit", "--gpu", "L4-24GB:8GiB", "-o", "search", "--json",
+                        "--search", "LEN=1024..131072", "--", sys.executable, SCRIPT, *BIG, "--max-model-len",
+                        "{LEN}"], capture_output=True, text=True, timeout=1800, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    card = json.loads(p.stdout)["cards"][0]
+    largest = card["largest"]
+    # the length vLLM reckons fits, from the refusal of the next
+    nxt = card["at_next"]["serving"]["said"]["refusal"]
+    assert nxt["max_model_len"] == largest + 1 and nxt["estimated_max_model_len"] == largest
+    assert card["at_largest"]["serving"]["said"]["kv_cache_tokens"] >= largest

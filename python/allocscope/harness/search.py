@@ -117,10 +117,14 @@ def _interpolated(below: int, above: int, seen: dict[int, dict[str, Any]], damp:
     (-headroom where a run fit, the shortfall where it ran out) crosses zero,
     the two around the range when both ends were run, else the two nearest
     on the side that was; the middle where there are not two. damp: points
-    whose memory missing counts 1/k (Illinois: ends kept by runs in a row)."""
+    whose memory missing counts 1/k (Illinois: ends kept by runs in a row).
+    A run's headroom is its search_headroom_bytes where it has one: the
+    room that the value eats into where that is not the card's (a serving
+    engine fills the card with KV cache whatever it is asked)."""
     middle = (below + above) // 2
-    missing = {v: -c["headroom_bytes"] for v, c in seen.items()
-               if c["verdict"] == "fits" and c.get("headroom_bytes") is not None and c["headroom_bytes"] >= 0}
+    room = {v: c.get("search_headroom_bytes", c.get("headroom_bytes")) for v, c in seen.items()}
+    missing = {v: -room[v] for v, c in seen.items()
+               if c["verdict"] == "fits" and room[v] is not None and room[v] >= 0}
     missing |= {v: c["shortfall_bytes"] for v, c in seen.items()
                 if c["verdict"] != "fits" and (c.get("shortfall_bytes") or 0) > 0}
     for v, k in damp.items():

@@ -134,6 +134,8 @@ def card_result(gpu: str, status: int, cap: Capture | None, *, capture_path: str
     serving = serving_side_by_side(r.get("serving"), said, out.get("kv_cache"))
     if serving is not None:
         out["serving"] = serving
+        if serving.get("room_bytes") is not None and out["verdict"] == "fits":
+            out["search_headroom_bytes"] = serving["room_bytes"]  # (fit --search: harness/search.py)
     if "oom" in r:
         out["oom"] = r["oom"]
     out["warnings"] = r["warnings"]

@@ -85,8 +85,9 @@ def serving_measured(cap: Any, att: Any, tl: Any, doc: dict[str, Any]) -> dict[s
 
 def _under(cap: Any, function: str) -> tuple[int, int, int] | None:
     """(first, last, after) memory events of the last call of a vLLM
-    function: its first and last ALLOC or FREE, and the index of the
-    timeline's entry before the next ALLOC outside it (what the call left).
+    function: its first (or the segments mapped for it) and last ALLOC or
+    FREE, and the index of the timeline's entry before the next ALLOC
+    outside it (what the call left).
     Calls are told apart by allocations outside them in between (vLLM
     captures its graphs once to estimate their memory, allocates the KV
     cache, then captures them for good)."""
@@ -102,6 +103,9 @@ def _under(cap: Any, function: str) -> tuple[int, int, int] | None:
     outside = np.cumsum((ev.kind == EventKind.ALLOC) & ~under)[idx]
     idx = idx[outside == outside[-1]]
     first, last = int(idx[0]), int(idx[-1])
+    # (the segments the first allocation mapped come just before it)
+    while first > 0 and ev.kind[first - 1] in (EventKind.SEGMENT_ALLOC, EventKind.SEGMENT_MAP):
+        first -= 1
     later = np.flatnonzero((ev.kind[last + 1:] == EventKind.ALLOC) & ~under[last + 1:])
     return first, last, last + 1 + int(later[0]) if len(later) else len(ev)
 
@@ -182,13 +186,19 @@ def engine_figures(log: str) -> dict[str, Any] | None:
 def engine_refusal(log: str) -> dict[str, Any] | None:
     """Where vLLM refused to start for want of KV cache memory: the max_model_len
     asked, the KV cache one such request needs, what was left for it, the
-    shortfall and the longest length vLLM reckons would fit."""
+    shortfall (the KV cache of the tokens past the longest length vLLM
+    reckons would fit, where it says) and that length."""
     m = _VLLM_REFUSAL.search(log)
     if m:
-        needed, available = _gib(m.group(2)), _gib(m.group(3))
-        return {"max_model_len": int(m.group(1)), "needed_bytes": needed, "available_bytes": available,
-                "shortfall_bytes": max(needed - available, 1),
-                "estimated_max_model_len": int(m.group(4)) if m.group(4) else None}
+        length, needed, available = int(m.group(1)), _gib(m.group(2)), _gib(m.group(3))
+        estimated = int(m.group(4)) if m.group(4) else None
+        # Both figures are rounded to 0.01 GiB, so that near the boundary
+        # their difference is 0; the tokens past vLLM's longest length, at
+        # what a token of the request takes, are not.
+        short = needed - available if not estimated or estimated >= length else \
+            (length - estimated) * needed // length
+        return {"max_model_len": length, "needed_bytes": needed, "available_bytes": available,
+                "shortfall_bytes": max(short, 1), "estimated_max_model_len": estimated}
     if _VLLM_NO_ROOM in log:
         return {"max_model_len": None, "needed_bytes": None, "available_bytes": 0, "shortfall_bytes": None,
                 "estimated_max_model_len": None}
@@ -210,11 +220,22 @@ def serving_side_by_side(measured: dict[str, Any] | None, said: dict[str, Any] |
     if length and kv and kv.get("tokens") is not None:
         out["max_model_len"] = length
         out["max_concurrency"] = round(kv["tokens"] / length, 2)
+        # The engine gives its KV cache all the memory left, so a setting
+        # that would not fit shows first as this room running out (vLLM
+        # refuses to start without the cache of one request of max_model_len).
+        per_token = (kv.get("shape") or {}).get("bytes_per_token")
+        if per_token:
+            out["room_bytes"] = (kv["tokens"] - length) * per_token
     return out
 
 
 def _maybe(n: int | None) -> str:
     return "" if n is None else format_bytes(n)
+
+
+def _logged(n: int | None) -> str:
+    """An engine's figure as it logged it: GiB to two decimals."""
+    return "" if n is None else f"{n / GIB:.2f} GiB"
 
 
 def serving_lines(serving: dict[str, Any] | None) -> list[str]:
@@ -239,7 +260,7 @@ def serving_lines(serving: dict[str, Any] | None) -> list[str]:
     tokens = said.get("kv_cache_tokens")
     if tokens is not None or got.get("kv_cache_bytes") is not None:
         rows.append(("KV cache", (f"{tokens:,} tokens, " if tokens is not None else "") +
-                     (f"{format_bytes(said['kv_cache_bytes'])}" if said.get("kv_cache_bytes") is not None else ""),
+                     _logged(said.get("kv_cache_bytes")),
                      _maybe(got.get("kv_cache_bytes"))))
     if serving.get("max_concurrency") is not None or said.get("max_concurrency") is not None:
         length = serving.get("max_model_len") or said.get("max_model_len")
@@ -248,19 +269,19 @@ def serving_lines(serving: dict[str, Any] | None) -> list[str]:
                      f"{serving['max_concurrency']:.2f}x" if serving.get("max_concurrency") is not None else ""))
     if said.get("graph_bytes") is not None or got.get("graph_pool_bytes"):
         estimate = said.get("graph_estimate_bytes")
-        rows.append(("CUDA graphs", _maybe(said.get("graph_bytes")) +
-                     (f" (estimated {format_bytes(estimate)})" if estimate is not None else ""),
+        rows.append(("CUDA graphs", _logged(said.get("graph_bytes")) +
+                     (f" (estimated {_logged(estimate)})" if estimate is not None else ""),
                      f"{_maybe(got.get('graph_pool_bytes'))} in private pools"))
     captured = got.get("capture_model") or {}
     if captured:
         rows.append(("capturing the graphs", "", f"{format_bytes(captured['reserved_bytes'])} more reserved"))
     if said.get("peak_activation_bytes") is not None or profile:
-        rows.append(("peak activation", _maybe(said.get("peak_activation_bytes")) +
+        rows.append(("peak activation", _logged(said.get("peak_activation_bytes")) +
                      (" (with its graph estimate)" if said.get("graph_estimate_bytes") else ""),
                      f"{_maybe(profile.get('peak_activation_bytes'))} (profile run)" if profile else ""))
     if said.get("consumed_bytes") is not None or got.get("weights_bytes") is not None:
         outside = got.get("outside_allocator_bytes")
-        rows.append(("weights, non-torch", _maybe(said.get("consumed_bytes")),
+        rows.append(("weights, non-torch", _logged(said.get("consumed_bytes")),
                      f"{_maybe(got.get('weights_bytes'))} weights" +
                      (f", {format_bytes(outside)} outside torch's allocator (CUDA context included)"
                       if outside is not None else "")))
