@@ -44,8 +44,8 @@ def model_folder(args: argparse.Namespace) -> str:
     return folder
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The model's shape and the engine's settings (examples/vllm_serve.py takes the same)."""
     parser.add_argument("--layers", type=int, default=16)
     parser.add_argument("--hidden", type=int, default=2048)
     parser.add_argument("--intermediate", type=int, default=8192)
@@ -63,6 +63,11 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=4)
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=8)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    model_arguments(parser)
     args = parser.parse_args()
 
     from vllm import LLM, SamplingParams

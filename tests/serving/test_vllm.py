@@ -109,3 +109,24 @@ def test_the_longest_max_model_len_that_fits_is_searched_and_is_vllms_own_limit(
     nxt = card["at_next"]["serving"]["said"]["refusal"]
     assert nxt["max_model_len"] == largest + 1 and nxt["estimated_max_model_len"] == largest
     assert card["at_largest"]["serving"]["said"]["kv_cache_tokens"] >= largest
+
+
+def test_vllm_serve_starts_serves_and_stops_and_its_engine_is_the_card(tmp_path):
+    out = tmp_path / "serve"
+    p = subprocess.run([sys.executable, "-m", "allocscope", "fit", "--gpu", "L4-24GB", "--json", "-o", str(out), "--",
+                        sys.executable, f"{ROOT}/examples/vllm_serve.py", *MODEL, "--enforce-eager"],
+                       capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    log = (out / "L4-24GB.log").read_text()
+    assert p.returncode == 0, log[-4000:]
+    said = json.loads([line for line in log.splitlines() if line.startswith("{\"generated_tokens\"")][-1])
+    assert said == {"generated_tokens": [6, 6, 6], "server_exit_status": 0}
+    card = json.loads(p.stdout)["cards"][0]
+    logged = int(re.search(r"GPU KV cache size: ([\d,]+) tokens", log).group(1).replace(",", ""))
+    assert card["verdict"] == "fits" and card["kv_cache"]["tokens"] == logged
+    # The API server kills its engine core at shutdown (SIGTERM, then at
+    # once SIGKILL): the engine's capture is read as far as it was written,
+    # and the device's last reading stands in for the end's.
+    info = subprocess.run([sys.executable, "-m", "allocscope", "info", card["capture"]], capture_output=True,
+                          text=True, timeout=600, cwd=tmp_path)
+    assert info.returncode == 0 and "vllm serve" in info.stdout
+    assert card["outside_allocator_bytes"] == 512 << 20 and card["headroom_bytes"] > 0

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from ..capture.baselines import nccl_memory, outside_allocator
+from ..capture.baselines import closing_baseline, nccl_memory, outside_allocator
 from ..capture.format import MODULE_LEAF, EventKind
 from .categories import Attribution
 from .kv_cache import model_calls
@@ -208,11 +208,14 @@ def waterfall(att: Attribution, m: Moment, th: dict[str, Any], tl: Timeline) -> 
                                                    ", remainders of blocks the replay did not know)")})
         measured["reserved_bytes"] = reserved
         basis, total = "reserved", reserved
-        base = att.capture.baseline("end") or att.capture.recording_start()
+        base = closing_baseline(att.capture)
         outside = outside_allocator(base) if base else None
         if outside is not None:
+            when = ("the end of recording" if base.get("label") == "end" else "the start of recording"
+                    if base is att.capture.recording_start() else
+                    f"the last baseline, {base.get('label')!r}: the process did not stop cleanly")
             detail = ("device memory used outside PyTorch's allocator: the CUDA context, libraries, other "
-                      f"processes (read at the {base.get('label')} of recording)")
+                      f"processes (read at {when})")
             start = att.capture.recording_start()  # (a read from a checkpoint: not the checkpoint's)
             at_start = outside_allocator(start) if start is not None and start is not base else None
             if at_start is not None and at_start < outside:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["baseline_reserved", "device_readings", "nccl_memory", "outside_allocator", "outside_at_peak"]
+__all__ = ["baseline_reserved", "closing_baseline", "device_readings", "nccl_memory", "outside_allocator",
+           "outside_at_peak"]
 
 
 def baseline_reserved(baseline: dict[str, Any] | None, device: int | None = None) -> int:
@@ -37,6 +38,20 @@ def device_readings(cap: Any) -> dict[str, Any] | None:
         if base and any("total" in d for d in base.get("devices") or ()):
             return base
     return None
+
+
+def closing_baseline(cap: Any) -> dict[str, Any] | None:
+    """The baseline that says the devices' memory as a run ended: the end's;
+    where the process did not stop cleanly (a serving engine's core is
+    killed at shutdown), the last one taken that read the devices; else the
+    start's."""
+    end = cap.baseline("end")
+    if end is not None:
+        return end
+    for base in reversed(cap.baselines):
+        if any("used" in d for d in base.get("devices") or ()):
+            return base
+    return cap.recording_start()
 
 
 def outside_at_peak(baseline: dict[str, Any]) -> int | None:

@@ -26,7 +26,7 @@ from ..allocator.config import recorded_config
 from ..allocator.replay import replay
 from ..attribution.categories import CATEGORIES, module_label
 from ..attribution.ops import op_names
-from ..capture.baselines import device_readings, nccl_memory, outside_at_peak
+from ..capture.baselines import closing_baseline, device_readings, nccl_memory, outside_at_peak
 from ..capture.format import EventKind
 from ..capture.reader import Capture, load
 from ..common.units import format_bytes
@@ -86,7 +86,7 @@ def card_result(gpu: str, status: int, cap: Capture | None, *, capture_path: str
         report = build_report(cap, top=top, analysis=an)
     r = report
     total = _device(cap).get("total")
-    base = cap.baseline("end") or cap.recording_start()  # as the waterfall reads it
+    base = closing_baseline(cap)  # as the waterfall reads it
     outside = outside_at_peak(base) if base else None
     peak_reserved = (r.get("peak_reserved") or {}).get("reserved_bytes")
     out["total_bytes"] = total

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from ..capture.baselines import closing_baseline
 from ..capture.reader import Capture
 from ..capture.runs import process_of, rank_of
 from ..common.units import format_bytes
@@ -43,7 +44,7 @@ def _row(cap: Capture, report: dict[str, Any]) -> dict[str, Any]:
         "device_used_bytes": None, "nccl_bytes": None, "alone": bool(dist.get("alone")),
         "others_faked": bool(dist.get("alone")) or dist.get("ranks_run") is not None,
     }
-    base = cap.baseline("end") or cap.recording_start() or {}
+    base = closing_baseline(cap) or {}
     card = _own_card(base)
     if card is None:
         return row
