@@ -69,7 +69,8 @@ def main() -> None:
     command = [vllm, "serve", folder, "--load-format", "dummy", "--skip-tokenizer-init", "--dtype", "bfloat16",
                "--max-model-len", str(args.max_model_len), "--max-num-seqs", str(args.max_num_seqs),
                "--gpu-memory-utilization", str(args.gpu_memory_utilization), "--port", str(port),
-               "--host", "127.0.0.1", *(["--enforce-eager"] if args.enforce_eager else []),
+               "--host", "127.0.0.1", "--tensor-parallel-size", str(args.tensor_parallel_size),
+               *(["--enforce-eager"] if args.enforce_eager else []),
                *(["--kv-cache-memory", str(args.kv_cache_memory)] if args.kv_cache_memory else [])]
     server = subprocess.Popen(command)
     url = f"http://127.0.0.1:{port}"

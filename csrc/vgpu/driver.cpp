@@ -84,17 +84,18 @@ struct Module {
   bool described;
 };
 
-// A block's dynamic shared memory without opting in, as on every card.
+// A block's dynamic shared memory without opting in, as on every card:
+// 48 KiB whatever the kernel's .nv.shared section holds (a Triton kernel
+// of 48 KiB launches on an H100 with its 1 KiB section: vLLM's fused MoE
+// kernel, whose default configuration is that size). Static and dynamic
+// together are held to the card's opt-in limit at launch.
 constexpr int kDefaultDynamicShared = 48 * 1024;
 
 CUresult load_module(CUmodule* out, const void* image) {
   std::vector<vgpu::KernelResources> kernels;
   auto* module = new Module{{}, vgpu::read_cubin(image, &kernels)};
   if (!module->described) kernels.assign(1, vgpu::KernelResources{});
-  for (vgpu::KernelResources& k : kernels) {
-    int dynamic = kDefaultDynamicShared - k.static_shared;
-    module->functions.push_back(Function{std::move(k), dynamic < 0 ? 0 : dynamic});
-  }
+  for (vgpu::KernelResources& k : kernels) module->functions.push_back(Function{std::move(k), kDefaultDynamicShared});
   *out = reinterpret_cast<CUmodule>(module);
   return CUDA_SUCCESS;
 }
@@ -142,6 +143,9 @@ CUresult launch(CUfunction f, unsigned block_x, unsigned block_y, unsigned block
   if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   const Function& function = *function_of(f);
   if (static_cast<int>(shared) > function.max_dynamic_shared) return CUDA_ERROR_INVALID_VALUE;
+  const vgpu::Preset* p = current_preset();
+  if (p != nullptr && static_cast<int>(shared) + function.resources.static_shared > p->smem_per_block_optin)
+    return CUDA_ERROR_INVALID_VALUE;
   uint64_t threads = static_cast<uint64_t>(block_x) * block_y * block_z;
   if (threads == 0) return CUDA_ERROR_INVALID_VALUE;
   if (threads > static_cast<uint64_t>(vgpu::max_threads_per_block(function.resources)))
