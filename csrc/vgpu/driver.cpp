@@ -460,6 +460,10 @@ API CUresult cuFuncGetAttribute(int* value, CUfunction_attribute attribute, CUfu
 }
 API CUresult cuFuncSetAttribute(CUfunction f, CUfunction_attribute attribute, int value) {
   if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  // An attribute newer than this driver (CUDA 13.0's headers): refused, as
+  // that driver refuses it. Triton tries its "oversized shared memory" mode
+  // (17) first and, refused, opts in with MAX_DYNAMIC_SHARED_SIZE_BYTES.
+  if (attribute < 0 || attribute >= CU_FUNC_ATTRIBUTE_MAX) return CUDA_ERROR_INVALID_VALUE;
   Function& function = *function_of(f);
   if (attribute == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) {
     const vgpu::Preset* p = current_preset();

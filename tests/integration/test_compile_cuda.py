@@ -150,6 +150,16 @@ def test_triton_kernels_are_answered_from_their_cubin_as_cuobjdump_reads_it(tmp_
         assert launch(function, threads, dynamic) == 0
         assert launch(function, threads + 32, 0) == 701  # CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES
         assert launch(function, threads, dynamic + 1) == 1  # CUDA_ERROR_INVALID_VALUE
+        # Opting in: an attribute newer than CUDA 13.0 is refused (Triton's
+        # "oversized" shared memory mode, 17), the maximum is taken up to the
+        # card's opt-in limit less the kernel's section, and launches to it.
+        assert driver.cuFuncSetAttribute(function, 17, 3) == 1
+        optin = ctypes.c_int()
+        assert driver.cuDeviceGetAttribute(ctypes.byref(optin), 97, 0) == 0  # ..._PER_BLOCK_OPTIN
+        assert driver.cuFuncSetAttribute(function, 8, optin.value - usage["SHARED"] + 1) == 1
+        assert driver.cuFuncSetAttribute(function, 8, optin.value - usage["SHARED"]) == 0
+        assert launch(function, threads, optin.value - usage["SHARED"]) == 0
+        assert launch(function, threads, optin.value - usage["SHARED"] + 1) == 1
         driver.cuModuleUnload(module)
 
 
