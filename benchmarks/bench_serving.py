@@ -3,7 +3,7 @@ fit` (examples/vllm_generate.py: `LLM(...)` with dummy weights, CUDA graphs
 on); prints JSON. Run with the serving venv's python (make test-serving
 makes it: vLLM and the torch it pins):
 
-    .venv-serving/bin/python benchmarks/bench_serving.py [--only llama3-8b] [--gpus L4-24GB,H100-80GB] [--out FILE]
+    .venv-serving/bin/python benchmarks/bench_serving.py [--only llama3-8b] [--gpus L4-24GB,H100-80GB] [--fill-check] [--out FILE]
 
 For each model and card:
 - vllm: what vLLM logged in the dry run: its KV cache (tokens, GiB, blocks),
@@ -18,7 +18,10 @@ For each model and card:
   gpu_memory_utilization - weights) / (bytes a token's KV takes x 8,192)
   concurrent requests, with no activations, graphs or CUDA context;
 - the dry run: wall time of the fit (start-up, compile, capture, a few
-  requests, the analysis) and the largest resident memory of its processes.
+  requests, the analysis) and the largest resident memory of its processes;
+- with --fill-check: each fit started again with the --kv-cache-memory
+  that vLLM says fills the card and with allocscope's (the KV cache plus
+  all of the headroom): whether each fits.
 """
 
 from __future__ import annotations
@@ -72,12 +75,12 @@ def textbook(argv: list[str], total: int | None, weights: int | None) -> dict:
     return out
 
 
-def run(model: str, gpu: str, workdir: str) -> dict:
+def run(model: str, gpu: str, workdir: str, kv_cache_memory: int | None = None) -> dict:
     argv = MODELS[model]
-    out = os.path.join(workdir, f"{model}-{gpu}")
+    out = os.path.join(workdir, f"{model}-{gpu}-{kv_cache_memory}")
     cmd = [sys.executable, "-m", "allocscope", "fit", "--gpu", gpu, "--json", "-o", out, "--", sys.executable, SCRIPT,
            *argv, "--max-model-len", str(CONTEXT), "--gpu-memory-utilization", str(UTILIZATION), "--requests", "4",
-           "--max-tokens", "8"]
+           "--max-tokens", "8", *(["--kv-cache-memory", str(kv_cache_memory)] if kv_cache_memory else [])]
     rss = out + ".rss"
     started = time.monotonic()
     p = subprocess.run([sys.executable, "-c", _MAX_RSS, rss, *cmd], capture_output=True, text=True, timeout=3600)
@@ -125,6 +128,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", default=",".join(MODELS))
     parser.add_argument("--gpus", default=",".join(GPUS))
+    parser.add_argument("--fill-check", action="store_true",
+                        help="start each fit again with vLLM's --kv-cache-memory to fill the card, and with allocscope's")
     parser.add_argument("--out")
     args = parser.parse_args()
     import vllm
@@ -133,7 +138,20 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as workdir:
         for model in args.only.split(","):
             for gpu in args.gpus.split(","):
-                results.append(run(model, gpu, workdir))
+                result = run(model, gpu, workdir)
+                if args.fill_check and result.get("verdict") == "fits":
+                    # Each --kv-cache-memory said to fill the card, started:
+                    # vLLM's suggestion and the cache with all of the headroom.
+                    result["fill_check"] = {}
+                    for who, kv in (("vllm", result["vllm"]["kv_cache_memory_to_fill"]),
+                                    ("allocscope", result["allocscope"]["kv_cache_with_headroom_bytes"])):
+                        again = run(model, gpu, workdir, kv)
+                        result["fill_check"][who] = {
+                            "kv_cache_memory": kv, "verdict": again.get("verdict"),
+                            "headroom_bytes": (again.get("allocscope") or {}).get("headroom_bytes"),
+                            "shortfall_bytes": (again.get("allocscope") or {}).get("shortfall_bytes"),
+                            "kv_cache_tokens": (again.get("allocscope") or {}).get("kv_cache_tokens")}
+                results.append(result)
                 print(json.dumps(results[-1]), file=sys.stderr)
     emit({"benchmark": "serving", **environment(), "vllm": vllm.__version__, "context": CONTEXT,
           "gpu_memory_utilization": UTILIZATION, "results": results}, args.out)
