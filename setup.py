@@ -197,6 +197,16 @@ def build_vgpu(out_dir: str, work_dir: str) -> bool:
             f.write(f"{version_node or ''} {{ global: {_vgpu_exports(name)} local: *; }};\n")
         cmd.append(f"-Wl,--version-script={script}")
         subprocess.run(cmd, check=True)
+    # The linker's names of the driver and the runtime, for programs that
+    # build CUDA code at run time and link it with -lcuda -lcudart
+    # (FlashInfer's JIT kernels): vgpu.environment() puts this on LIBRARY_PATH.
+    link = os.path.join(out_dir, "link")
+    os.makedirs(link, exist_ok=True)
+    for name, target in (("libcuda.so", "libcuda.so.1"), ("libcudart.so", f"libcudart.so.{major}")):
+        path = os.path.join(link, name)
+        if os.path.lexists(path):
+            os.remove(path)
+        os.symlink(os.path.join("..", target), path)
     return True
 
 
@@ -319,7 +329,7 @@ def main() -> None:
         package_dir={"": "python"},
         packages=find_packages("python"),
         package_data={"allocscope": ["py.typed", "_C.pyi", "_analysis.pyi", "reports/html/*.html", "reports/html/*.js",
-                                     "reports/html/*.css", "vgpu/lib/*", "vgpu/cudnn_tables.tsv"]},
+                                     "reports/html/*.css", "vgpu/lib/*", "vgpu/lib/link/*", "vgpu/cudnn_tables.tsv"]},
         ext_modules=[_extension(), _analysis_extension()],
         cmdclass={"build_ext": _build_ext_class()},
         python_requires=">=3.10",

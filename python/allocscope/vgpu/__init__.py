@@ -67,6 +67,9 @@ ENV_SHARED = "ALLOCSCOPE_VGPU_SHARED"
 
 ENV_TRITON_LIBCUDA = "TRITON_LIBCUDA_PATH"
 LIB_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib")
+# The linker's names of the stand-in driver and runtime (libcuda.so,
+# libcudart.so), for code built at run time (FlashInfer's JIT kernels).
+LINK_DIR = os.path.join(LIB_DIR, "link")
 _CORE = "libvgpu.so"
 
 
@@ -221,7 +224,15 @@ def environment(gpu: str, *, memory: int | str | None = None, context: int | str
     env.update(_settings(gpu, memory, context, event_polls, compute, routing))
     for name, value in ENGINE_FALLBACKS.items():
         env.setdefault(name, value)
+    env["LIBRARY_PATH"] = _link_path(env.get("LIBRARY_PATH", ""))
     return with_bootstrap(env)
+
+
+def _link_path(path: str) -> str:
+    """LIBRARY_PATH with LINK_DIR first: code built at run time links against
+    the stand-ins, as on a card against the driver and the toolkit."""
+    rest = [p for p in path.split(os.pathsep) if p and p != LINK_DIR]
+    return os.pathsep.join([LINK_DIR, *rest])
 
 
 def _loaded_cuda_runtime() -> str | None:
@@ -279,6 +290,7 @@ def activate(gpu: str, *, memory: int | str | None = None, context: int | str | 
     for name in (ENV_GPU, ENV_MEMORY, ENV_CONTEXT, ENV_EVENT_POLLS, ENV_COMPUTE, ENV_ROUTING):
         os.environ.pop(name, None)
     os.environ.update(settings)
+    os.environ["LIBRARY_PATH"] = _link_path(os.environ.get("LIBRARY_PATH", ""))
     os.environ["PYTHONPATH"] = with_bootstrap({"PYTHONPATH": os.environ.get("PYTHONPATH", "")})["PYTHONPATH"]
     # and on sys.path: some launchers give their children this process's
     # sys.path as PYTHONPATH (Inductor's compile workers do), and Triton in
