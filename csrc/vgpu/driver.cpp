@@ -4,6 +4,7 @@
 #include <cuda.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <vector>
@@ -227,6 +228,18 @@ API CUresult cuDevicePrimaryCtxGetState(CUdevice device, unsigned int* flags, in
 }
 // The current context is the current device's (torch warns when there is
 // none, and its cuBLAS handles look for one).
+// The context a stream belongs to: its device's primary context (the only
+// kind there is here). A CUDA runtime asks it before it launches into a
+// stream (CuTe DSL's static runtime).
+API CUresult cuStreamGetCtx(CUstream handle, CUcontext* context) {
+  if (context == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  vgpu::Stream* stream = vgpu::resolve_stream(handle);
+  if (stream == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  int device = vgpu::stream_device(stream);
+  vgpu::create_context(device);
+  *context = context_of(device);
+  return CUDA_SUCCESS;
+}
 API CUresult cuCtxGetCurrent(CUcontext* context) {
   int device = vgpu::current_device();
   if (vgpu::device(device) == nullptr) {
@@ -641,6 +654,10 @@ const Entry kEntries[] = {
     ENTRY(cuMulticastAddDevice), ENTRY(cuMulticastBindMem), ENTRY(cuMulticastUnbind), ENTRY(cuGreenCtxCreate),
     ENTRY(cuGreenCtxDestroy), ENTRY(cuGreenCtxStreamCreate), ENTRY(cuCtxFromGreenCtx),
     ENTRY(cuDevResourceGenerateDesc), ENTRY(cuDevSmResourceSplitByCount), ENTRY(cuDeviceGetDevResource),
+    // itself: a CUDA runtime asks for it first (the CUDA 12 form, with its
+    // status) and takes a driver without it for one too old to use
+    // (CuTe DSL's kernels, FlashInfer's norms: cudaErrorCallRequiresNewerDriver)
+    ENTRY(cuGetProcAddress), ENTRY(cuStreamGetCtx),
     LOGS_ENTRIES
 };
 #undef ENTRY
@@ -651,6 +668,10 @@ void* vgpu_driver_entry_point(const char* symbol) {
   for (const Entry& e : kEntries) {
     if (std::strcmp(e.name, symbol) == 0) return e.function;
   }
+  // What a program asked of the driver that the stand-in lacks, where the
+  // user wants to know (ALLOCSCOPE_VGPU_TRACE_MISSING=1: docs/vgpu.md).
+  static const bool trace = std::getenv("ALLOCSCOPE_VGPU_TRACE_MISSING") != nullptr;
+  if (trace) std::fprintf(stderr, "allocscope virtual GPU: no driver entry point %s\n", symbol);
   return nullptr;
 }
 
