@@ -61,6 +61,7 @@ def model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cache-memory", type=int, default=None, help="bytes (vLLM's kv_cache_memory_bytes)")
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--tensor-parallel-size", type=int, default=1)
+    parser.add_argument("--disable-custom-all-reduce", action="store_true")
     parser.add_argument("--requests", type=int, default=4)
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=8)
@@ -77,7 +78,8 @@ def main() -> None:
     llm = LLM(model=model_folder(args), load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
               max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
               gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
-              tensor_parallel_size=args.tensor_parallel_size, **options)
+              tensor_parallel_size=args.tensor_parallel_size,
+              disable_custom_all_reduce=args.disable_custom_all_reduce, **options)
     prompts = [{"prompt_token_ids": [(7 * i + j) % (args.vocab - 3) + 3 for j in range(args.prompt_len)]}
                for i in range(args.requests)]
     outputs = llm.generate(prompts, SamplingParams(max_tokens=args.max_tokens, ignore_eos=True, detokenize=False))

@@ -89,7 +89,8 @@ def _kv_cache_shape(model: Any) -> dict[str, int] | None:
     """What one token of the model's KV cache takes, by the textbook formula
     (2 x layers x key/value heads x head dim x bytes per element), where
     the model carries a Hugging Face-style config (None otherwise, and for
-    attention the formula does not describe: latent (MLA) caches)."""
+    attention the formula does not describe: latent (MLA) caches); on one
+    rank of a tensor-parallel engine, its shard of the heads."""
     config = getattr(model, "config", None)
     text = getattr(config, "get_text_config", None)
     try:
@@ -102,6 +103,12 @@ def _kv_cache_shape(model: Any) -> dict[str, int] | None:
         return None
     if getattr(config, "kv_lora_rank", None):
         return None
+    # A tensor-parallel engine keeps a shard of the key/value heads on each
+    # rank; vLLM's attention layers say how many (num_kv_heads, at least 1).
+    local = next((m.num_kv_heads for m in model.modules()
+                  if type(m).__name__.endswith("Attention") and type(getattr(m, "num_kv_heads", None)) is int), None)
+    if local is not None and 0 < local < kv_heads:
+        kv_heads = local
     element = next((p.element_size() for p in model.parameters() if p.is_floating_point()), None)
     if element is None or min(layers, kv_heads, head_dim) <= 0:
         return None

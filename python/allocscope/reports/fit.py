@@ -294,7 +294,8 @@ def card_lines(c: dict[str, Any], top: int = 5) -> list[str]:
         tokens = c["kv_cache"].get("with_headroom_tokens")
         lines.append(f"    with all of the headroom, a KV cache of {format_bytes(grown)}" +
                      (f" ({tokens:,} tokens)" if tokens is not None else "") +
-                     f" would fill the card (vLLM: kv_cache_memory_bytes={grown})")
+                     f" would fill the card, where a run with it allocates as this one did, with no margin "
+                     f"(vLLM: kv_cache_memory_bytes={grown})")
     lines += ["  " + line for line in serving_lines(c.get("serving"))]
     if c["verdict"] == "failed":
         lines.append(f"  the command failed (exit status {c['exit_status']}) without running out of memory: "
