@@ -97,6 +97,12 @@ VGPU_API Result phys_map(void* ptr, size_t size, uint64_t handle);
 VGPU_API Result phys_unmap(void* ptr, size_t size);
 VGPU_API Result phys_size(uint64_t handle, int* device, size_t* size);
 
+// Memory another process exported (CUDA IPC, cudaIpcOpenMemHandle): mapped
+// in this process's address space, on the exporter's device, and charged
+// to no one here (the exporter holds it); ipc_close unmaps it.
+VGPU_API Result ipc_import(int device, size_t size, void** out);
+VGPU_API Result ipc_close(void* ptr);
+
 // Host memory: page-locked in CUDA, plain host memory here.
 VGPU_API Result host_alloc(size_t size, void** out);
 VGPU_API Result host_free(void* ptr);

@@ -1,6 +1,9 @@
 // libcudart.so.<major>: memory (cudart.cpp has the overview): device and
 // host allocations, pointer attributes, copies and sets in stream order, the
-// stream-ordered allocator's pools, and inter-process sharing (refused).
+// stream-ordered allocator's pools, and inter-process sharing of memory.
+#include <unistd.h>
+
+#include <cstdint>
 #include <cstring>
 
 #include "cudart_common.h"
@@ -155,16 +158,48 @@ API cudaError_t cudaMemPoolTrimTo(cudaMemPool_t, size_t) {
   return cudaSuccess;
 }
 
-// ---- inter-process sharing: not modelled
+// ---- inter-process sharing: memory (a handle names the exporter's
+// allocation, which the importer maps without charging it again: vLLM's
+// custom all-reduce shares its buffers so); events are refused
 
-API cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t*, void*) {
-  return ret(cudaErrorNotSupported);
+namespace {
+// What a handle holds (cudaIpcMemHandle_t is 64 opaque bytes).
+struct IpcMemory {
+  char magic[8];
+  int32_t device;
+  int32_t pid;
+  uint64_t base;
+  uint64_t size;
+};
+static_assert(sizeof(IpcMemory) <= sizeof(cudaIpcMemHandle_t), "an IPC handle holds 64 bytes");
+constexpr char kIpcMagic[8] = {'a', 'l', 's', 'c', 'i', 'p', 'c', '1'};
+}  // namespace
+
+API cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* ptr) {
+  if (handle == nullptr) return ret(cudaErrorInvalidValue);
+  vgpu::PointerInfo info = vgpu::pointer_info(ptr);
+  if (info.kind != vgpu::PointerInfo::kDevice) return ret(cudaErrorInvalidValue);
+  IpcMemory m{};
+  std::memcpy(m.magic, kIpcMagic, sizeof(m.magic));
+  m.device = info.device;
+  m.pid = static_cast<int32_t>(getpid());
+  m.base = reinterpret_cast<uintptr_t>(info.base);
+  m.size = info.size;
+  std::memset(handle, 0, sizeof(*handle));
+  std::memcpy(handle, &m, sizeof(m));
+  return cudaSuccess;
 }
-API cudaError_t cudaIpcOpenMemHandle(void**, cudaIpcMemHandle_t, unsigned int) {
-  return ret(cudaErrorNotSupported);
+API cudaError_t cudaIpcOpenMemHandle(void** ptr, cudaIpcMemHandle_t handle, unsigned int) {
+  if (ptr == nullptr) return ret(cudaErrorInvalidValue);
+  IpcMemory m;
+  std::memcpy(&m, &handle, sizeof(m));
+  if (std::memcmp(m.magic, kIpcMagic, sizeof(m.magic)) != 0) return ret(cudaErrorInvalidValue);
+  // as CUDA: a process cannot open its own handle
+  if (m.pid == static_cast<int32_t>(getpid())) return ret(cudaErrorDeviceUninitialized);
+  return ret(vgpu::ipc_import(m.device, m.size, ptr));
 }
-API cudaError_t cudaIpcCloseMemHandle(void*) {
-  return ret(cudaErrorNotSupported);
+API cudaError_t cudaIpcCloseMemHandle(void* ptr) {
+  return ret(vgpu::ipc_close(ptr));
 }
 API cudaError_t cudaIpcGetEventHandle(cudaIpcEventHandle_t*, cudaEvent_t) {
   return ret(cudaErrorNotSupported);

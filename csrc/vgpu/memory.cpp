@@ -308,6 +308,35 @@ Result free_device(void* ptr) {
   return Result::kOk;
 }
 
+// Mapping::handle of memory opened from another process's IPC handle.
+constexpr uint64_t kImported = ~uint64_t{0};
+
+Result ipc_import(int device, size_t size, void** out) {
+  if (vgpu::device(device) == nullptr) return Result::kInvalidDevice;
+  if (size == 0 || size % kGranularity != 0) return Result::kInvalidValue;
+  Memory& s = state();
+  Lock lock(s.mu);
+  uintptr_t p = s.arena.take(size, kGranularity);
+  if (p == 0 || !commit(p, size)) {
+    if (p != 0) s.arena.give(p, size);
+    return Result::kOutOfMemory;
+  }
+  s.mapped[p] = Mapping{size, device, kImported};
+  *out = reinterpret_cast<void*>(p);
+  return Result::kOk;
+}
+
+Result ipc_close(void* ptr) {
+  Memory& s = state();
+  Lock lock(s.mu);
+  auto it = s.mapped.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == s.mapped.end() || it->second.handle != kImported) return Result::kInvalidValue;
+  decommit(it->first, it->second.size);
+  s.arena.give(it->first, it->second.size);
+  s.mapped.erase(it);
+  return Result::kOk;
+}
+
 Result va_reserve(size_t size, size_t alignment, void** out) {
   if (size == 0 || size % kGranularity != 0) return Result::kInvalidValue;
   alignment = std::max(alignment, kGranularity);
