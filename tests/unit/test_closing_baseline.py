@@ -2,7 +2,7 @@
 (capture/baselines.closing_baseline): the end's, else (a process killed
 before it could write one) the last that read the devices, else the start's."""
 
-from allocscope.capture.baselines import closing_baseline, outside_allocator
+from allocscope.capture.baselines import closing_baseline, device_readings, outside_allocator
 
 
 class Capture:
@@ -29,6 +29,8 @@ def test_a_killed_process_has_its_last_reading_of_the_devices():
     last = reading("settings", 40, 8)
     cap = Capture({"label": "start", "devices": []}, reading("settings", 30, 5), last, {"label": "oom"})
     assert closing_baseline(cap) is last and outside_allocator(last) == 32
+    # and the card's size from the first that read the devices
+    assert device_readings(cap) is cap.baselines[1]
 
 
 def test_without_any_reading_the_start():

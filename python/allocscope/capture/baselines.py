@@ -32,9 +32,9 @@ def nccl_memory(baseline: dict[str, Any]) -> tuple[int, int] | None:
 def device_readings(cap: Any) -> dict[str, Any] | None:
     """The first baseline of a capture that read its devices' memory: the
     start's, or the end's where the process had no CUDA context yet when
-    recording started (docs/format.md: reading would have created one)."""
-    for label in ("start", "end"):
-        base = cap.baseline(label)
+    recording started (docs/format.md: reading would have created one),
+    else any that did (a process killed before its end)."""
+    for base in (cap.baseline("start"), cap.baseline("end"), *cap.baselines):
         if base and any("total" in d for d in base.get("devices") or ()):
             return base
     return None
