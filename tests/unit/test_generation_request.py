@@ -2,6 +2,8 @@
 arguments by a wrapper on the instance, or from the frame of a call under
 way, on a stand-in for a Hugging Face model (no transformers needed)."""
 
+import copy
+import pickle
 import types
 
 import torch
@@ -39,8 +41,12 @@ def test_the_request_is_the_batch_expanded_the_prompt_and_the_new_tokens():
     assert generation_request(Generator(max_length=None), (ids,), {}) is None
 
 
+class Model(Generator):
+    """A model class of its own (picklable: at module level)."""
+
+
 def test_the_wrapper_says_each_call_and_calls_generate_unchanged_and_remove_unwraps():
-    model, said = Generator(), []
+    model, other, said = Model(), Model(), []
     watch = GenerateWatch(model, said.append)
     ids = torch.zeros(2, 4, dtype=torch.long)
     shape, config, kwargs = model.generate(ids, max_new_tokens=3, do_sample=False)
@@ -48,13 +54,37 @@ def test_the_wrapper_says_each_call_and_calls_generate_unchanged_and_remove_unwr
     assert said == [{"sequences": 2, "prompt_tokens": 4, "max_new_tokens": 3}]
     # a call under way reads the same from its frame
     assert model.seen == {"sequences": 2, "prompt_tokens": 4, "max_new_tokens": 16}
+    # another instance, and a copy of the watched one, are not watched, and
+    # a copy calls generate() on itself, not on the original
+    other.generate(ids)
+    twin = copy.deepcopy(model)
+    twin.generate(ids)
+    assert len(said) == 1 and twin.seen is not None and model.seen["max_new_tokens"] == 16
+    assert isinstance(pickle.loads(pickle.dumps(model)), Model)
     watch.remove()
-    assert "generate" not in vars(model)
+    assert "generate" not in vars(Model) and Model.generate is Generator.generate
     model.generate(ids)
     assert len(said) == 1
+
+
+def test_two_watched_models_of_a_class_each_say_their_own_and_the_class_is_unwrapped_after_both():
+    class Own(Generator):
+        def generate(self, inputs=None, **kwargs):  # (its own: put back as it was)
+            return super().generate(inputs, **kwargs)
+
+    own = Own.__dict__["generate"]
+    a, b, said_a, said_b = Own(), Own(), [], []
+    watch_a, watch_b = GenerateWatch(a, said_a.append), GenerateWatch(b, said_b.append)
+    a.generate(torch.zeros(1, 3, dtype=torch.long), max_new_tokens=1)
+    b.generate(torch.zeros(5, 3, dtype=torch.long), max_new_tokens=1)
+    assert [r["sequences"] for r in said_a] == [1] and [r["sequences"] for r in said_b] == [5]
+    watch_a.remove()
+    assert Own.__dict__["generate"] is not own  # b is still watched
+    watch_b.remove()
+    assert Own.__dict__["generate"] is own
 
 
 def test_a_model_without_generate_is_left_alone():
     model = torch.nn.Linear(2, 2)
     GenerateWatch(model, lambda request: None).remove()
-    assert "generate" not in vars(model) and running_generation(model) is None
+    assert not hasattr(torch.nn.Linear, "generate") and running_generation(model) is None

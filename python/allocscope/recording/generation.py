@@ -41,37 +41,62 @@ def generation_request(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     return {"sequences": batch * expand, "prompt_tokens": prompt, "max_new_tokens": max(int(new), 0)}
 
 
+_ABSENT = object()
+# Per model class whose generate() is wrapped: what its own __dict__ held
+# under "generate" (to put back), and the watched models of it, each with
+# what to call as a call begins.
+_WRAPPED: dict[type, tuple[Any, "weakref.WeakKeyDictionary[Any, Callable[[dict[str, int]], None]]"]] = {}
+
+
 class GenerateWatch:
-    """Wraps one model's generate() (on the instance: the class is left as
-    it is) so that each call first emits what it asks; remove() unwraps."""
+    """Each generate() call of one model first emits what it asks; remove()
+    stops it. The model's class is wrapped, not the instance: a copy or a
+    pickle of the model is the model as it was (an instance attribute would
+    go with a deepcopy and call the original, and would not pickle); calls
+    of other instances pass through unchanged. The class is unwrapped once
+    none of its models is watched."""
 
     def __init__(self, model: Any, emit: Callable[[dict[str, int]], None]):
-        generate = getattr(type(model), "generate", None)
+        self._class: type | None = None
         self._model = weakref.ref(model)
-        self._wrapper: Any = None
-        if not callable(generate) or not hasattr(model, "generation_config") or "generate" in vars(model):
+        cls = type(model)
+        generate = getattr(cls, "generate", None)
+        if not callable(generate) or not hasattr(model, "generation_config"):
             return
-        ref = self._model
+        if cls not in _WRAPPED:
+            models: weakref.WeakKeyDictionary[Any, Callable[[dict[str, int]], None]] = weakref.WeakKeyDictionary()
 
-        @functools.wraps(generate)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            model = ref()
-            try:
-                request = generation_request(model, args, kwargs)
-            except Exception:  # a label, never a reason to break the script
-                request = None
-            if request is not None:
-                emit(request)
-            return generate(model, *args, **kwargs)
+            @functools.wraps(generate)
+            def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+                said = models.get(self)
+                if said is not None:
+                    try:
+                        request = generation_request(self, args, kwargs)
+                    except Exception:  # a label, never a reason to break the script
+                        request = None
+                    if request is not None:
+                        said(request)
+                return generate(self, *args, **kwargs)
 
-        # (in the instance's __dict__: nn.Module.__setattr__ would do the same for a function)
-        vars(model)["generate"] = self._wrapper = wrapper
+            _WRAPPED[cls] = (cls.__dict__.get("generate", _ABSENT), models)
+            setattr(cls, "generate", wrapper)
+        _WRAPPED[cls][1][model] = emit
+        self._class = cls
 
     def remove(self) -> None:
+        cls, self._class = self._class, None
+        if cls is None or cls not in _WRAPPED:
+            return
+        own, models = _WRAPPED[cls]
         model = self._model()
-        if model is not None and self._wrapper is not None and vars(model).get("generate") is self._wrapper:
-            del vars(model)["generate"]
-        self._wrapper = None
+        if model is not None:
+            models.pop(model, None)
+        if len(models) == 0:
+            del _WRAPPED[cls]
+            if own is _ABSENT:
+                delattr(cls, "generate")
+            else:
+                setattr(cls, "generate", own)
 
 
 def running_generation(model: Any) -> dict[str, int] | None:
