@@ -226,8 +226,6 @@ API CUresult cuDevicePrimaryCtxGetState(CUdevice device, unsigned int* flags, in
   *active = vgpu::has_context(device) ? 1 : 0;  // asking creates none (torch relies on it)
   return CUDA_SUCCESS;
 }
-// The current context is the current device's (torch warns when there is
-// none, and its cuBLAS handles look for one).
 // The context a stream belongs to: its device's primary context (the only
 // kind there is here). A CUDA runtime asks it before it launches into a
 // stream (CuTe DSL's static runtime).
@@ -240,6 +238,8 @@ API CUresult cuStreamGetCtx(CUstream handle, CUcontext* context) {
   *context = context_of(device);
   return CUDA_SUCCESS;
 }
+// The current context is the current device's (torch warns when there is
+// none, and its cuBLAS handles look for one).
 API CUresult cuCtxGetCurrent(CUcontext* context) {
   int device = vgpu::current_device();
   if (vgpu::device(device) == nullptr) {
