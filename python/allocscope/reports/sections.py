@@ -297,7 +297,7 @@ REPORT_SECTIONS: tuple[Section, ...] = (
             lambda r: {"warnings": r["warnings"]}, ("header",)),
     Section("module_classes", _build_module_classes),
     Section("allocator", _build_allocator, lambda r, top: allocator_lines(r.get("allocator"), top)),
-    Section("serving", _build_serving, _text_serving),
+    Section("serving", _build_serving, _text_serving, lambda r: {"serving": r.get("serving")}, ("tables",)),
     Section("oom", _build_oom, lambda r, top: oom_lines(r.get("oom"), top), lambda r: {"oom": r.get("oom")},
             ("allocatorFigures",)),
 )

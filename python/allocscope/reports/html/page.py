@@ -36,7 +36,7 @@ SCHEMA = "allocscope.html/1"
 # The page's data in the order it is written (the sections' parts and the
 # page's own views: the timeline, marks, OOMs), then the parts drawn last.
 PAGE_ORDER = ("capture", "focus", "focus_label", "peak_reserved", "theory", "gap", "measured", "timeline", "marks",
-              "ooms", "groups", "kv_cache", "sites", "iterations", "warnings", "oom")
+              "ooms", "groups", "kv_cache", "serving", "sites", "iterations", "warnings", "oom")
 
 
 def _allocator(report: dict[str, Any], an: Analysis, focus: int) -> dict[str, Any] | None:

@@ -435,6 +435,18 @@ function tables() {
         `${kv.most_tokens.toLocaleString()}), ${kv.tokens_per_gib.toLocaleString()} tokens a GiB` : "");
     sites.parentNode.insertBefore(p, sites);
   }
+  if (D.serving) {  // a serving engine's memory, as the capture measured it (reports/serving.py)
+    const s = D.serving, p = document.createElement("p"), sites = document.getElementById("sites");
+    const parts = [`weights ${fmtBytes(s.weights_bytes)}`];
+    if (s.kv_cache_bytes != null) parts.push(`KV cache ${fmtBytes(s.kv_cache_bytes)}`);
+    parts.push(`CUDA graphs' private pools ${fmtBytes(s.graph_pool_bytes)}`);
+    if (s.capture_model) parts.push(`capturing the graphs reserved ${fmtBytes(s.capture_model.reserved_bytes)} more`);
+    if (s.profile_run) parts.push(`the profile run's peak activation ${fmtBytes(s.profile_run.peak_activation_bytes)}`);
+    if (s.outside_allocator_bytes != null) parts.push(`outside torch's allocator ${fmtBytes(s.outside_allocator_bytes)}`);
+    p.id = "serving";
+    p.textContent = `${s.engine === "vllm" ? "vLLM" : s.engine}, measured: ${parts.join(", ")}`;
+    sites.parentNode.insertBefore(p, sites);
+  }
 }
 
 function toolbar() {
