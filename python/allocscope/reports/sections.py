@@ -274,7 +274,7 @@ def _build_oom(s: Scope, doc: Document) -> Document:
 
 
 def _build_serving(s: Scope, doc: Document) -> Document:
-    measured = serving_measured(s.cap, s.an.att, s.an.tl, doc)
+    measured = serving_measured(s.cap, s.an.tl, doc)
     return {} if measured is None else {"serving": measured}
 
 

@@ -48,7 +48,7 @@ def _vllm_function(name: str) -> Any:
     return lambda filename, function: function.rpartition(".")[2] == name and _vllm_frame(filename, function)
 
 
-def serving_measured(cap: Any, att: Any, tl: Any, doc: dict[str, Any]) -> dict[str, Any] | None:
+def serving_measured(cap: Any, tl: Any, doc: dict[str, Any]) -> dict[str, Any] | None:
     """The report's "serving" section: a serving engine's memory as the
     capture measured it (module docstring); None where no engine ran."""
     if not len(cap.stack_parent) or not stacks_through(cap, _vllm_frame).any():
@@ -179,9 +179,10 @@ def engine_figures(log: str) -> dict[str, Any] | None:
     same); None where the log has none of it. Bytes from GiB figures are
     rounded as vLLM rounded them (to 0.01 GiB)."""
     found = {key: pattern.search(log) for key, pattern in _VLLM_LINES.items()}
-    if not any(found.values()) and engine_refusal(log) is None:
+    refusal = engine_refusal(log)
+    if not any(found.values()) and refusal is None:
         return None
-    out: dict[str, Any] = {"engine": "vllm", "version": found["version"] and found["version"].group(1)}
+    out: dict[str, Any] = {"engine": "vllm", "version": found["version"].group(1) if found["version"] else None}
     if m := found["kv_cache_tokens"]:
         out["kv_cache_tokens"] = int(m.group(1).replace(",", ""))
     if m := found["concurrency"]:
@@ -197,7 +198,6 @@ def engine_figures(log: str) -> dict[str, Any] | None:
         out["consumed_bytes"], out["peak_activation_bytes"] = _gib(m.group(1)), _gib(m.group(2))
         out.setdefault("graph_bytes", _gib(m.group(3)))
         out["kv_cache_memory_to_fit"], out["kv_cache_memory_to_fill"] = int(m.group(4)), int(m.group(5))
-    refusal = engine_refusal(log)
     if refusal is not None:
         out["refusal"] = refusal
     return out
