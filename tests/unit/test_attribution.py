@@ -119,7 +119,7 @@ def test_theory_and_waterfall_at_the_peak(tmp_path):
             th["activation_gradients"], th["inputs"], th["total"]) == (1000, 1000, 1000, 800, 800, 400, 5000)
     gap = {i["item"]: i["bytes"] for i in r["gap"]}
     assert gap == {"parameters": 0, "buffers": 0, "gradients": 0, "optimizer_state": -1000, "activations": 200,
-                   "inputs": 0, "outputs": 50, "kv_cache": 0, "temporaries": -200, "workspaces": 0, "other": 0, "unknown": 0,
+                   "inputs": 0, "outputs": 50, "kv_cache": 0, "engine_buffers": 0, "temporaries": -200, "workspaces": 0, "other": 0, "unknown": 0,
                    "allocator_rounding": 0, "unsplit_remainder": 0}
     assert r["measured"] == {"allocated_bytes": 4050, "requested_bytes": 4050, "basis": "allocated",
                              "total_bytes": 4050}

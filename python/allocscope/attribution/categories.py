@@ -19,8 +19,8 @@ The rules are written down in docs/attribution.md; in short:
    -> optimizer_state. A cuBLAS/cuBLASLt workspace (the baselines list
    torch's), or a cuDNN workspace (allocated by a cuDNN op for itself and
    freed before the call returned: workspaces.py) -> workspace. A library's
-   KV cache, kept past the model call that made it (kv_cache.py) -> kv_cache.
-   unknown is left for phases allocscope does not know.
+   KV cache, kept past the model call that made it -> kv_cache; a serving
+   engine's own buffers -> engine (kv_cache.py). unknown: phases unknown.
 4. Module: a labelled row's from its label (the parameter's module, the module
    that saved the activation); others the innermost module scope open on the
    allocating thread (forward scopes nest; backward scopes close when their
@@ -44,14 +44,14 @@ from ..capture.reader import Capture
 from .lifetimes import allocated_first, lifetimes
 from .resumed import put_back
 from ..common.native import analysis_for
-from .kv_cache import kv_cache_rows
+from .kv_cache import engine_rows, kv_cache_rows
 from .workspaces import cublas_workspaces, library_workspaces
 from .scopes import module_scopes
 
 __all__ = ["CATEGORIES", "PHASES", "Attribution", "attribute", "module_label"]
 
 CATEGORIES = ("parameter", "buffer", "gradient", "optimizer_state", "activation", "input", "output",
-              "kv_cache", "temporary", "workspace", "other", "unknown")
+              "kv_cache", "engine", "temporary", "workspace", "other", "unknown")
 PHASES = ("none", "forward", "backward", "optimizer", "other")
 
 _CAT = {name: i for i, name in enumerate(CATEGORIES)}
@@ -193,8 +193,7 @@ class _Rows:
             "block": [blocks[lt.alloc].astype(np.int64)], "start": [lt.alloc.astype(np.int64)],
             "end": [np.where(lt.free >= 0, lt.free, n).astype(np.int64)],
             "stack": [ev.stack[lt.alloc].astype(np.int64)], "op": [ev.op[lt.alloc].astype(np.int64)],
-            "thread": [ev.thread[lt.alloc].astype(np.int64)],
-            "device": [ev.device[lt.alloc].astype(np.int64)]}
+            "thread": [ev.thread[lt.alloc].astype(np.int64)], "device": [ev.device[lt.alloc].astype(np.int64)]}
         self.unmatched_frees_at: dict[int, list[int]] = {}  # address -> FREEs of memory from before recording
         for i in lt.unmatched_frees.tolist():
             self.unmatched_frees_at.setdefault(int(ev.addr[i]), []).append(i)
@@ -445,6 +444,7 @@ def attribute(cap: Capture, block_sizes: np.ndarray | None = None) -> Attributio
     phase, iteration, rule = _phase_rule(p_idx, phase_code, p_iter, ST, EN, n)
     unlabelled = category < 0
     category[unlabelled] = rule[unlabelled]
+    category[engine_rows(cap, rows.column("stack"), ST) & unlabelled] = _CAT["engine"]
     category[cublas_workspaces(cap, A, ST, EN, n) & unlabelled] = _CAT["workspace"]
     if device_type == "cuda":  # cuDNN's (on the CPU these ops' temporaries stay temporaries)
         category[library_workspaces(cap, ST, EN, n) & unlabelled] = _CAT["workspace"]

@@ -27,8 +27,9 @@ Waterfall: one item per category (measured requested bytes minus the theory
 figure it corresponds to; categories the estimate ignores count in full),
 then allocator rounding (requests rounded as the allocator rounds them, minus
 the requests), unsplit remainders (the blocks' real sizes, from an exact
-replay, minus the rounded requests), cached free memory (reserved minus the
-blocks) and memory outside PyTorch's allocator (device used minus
+replay, minus the rounded requests), free memory in private pools (CUDA
+graphs': their segments minus their live blocks), the rest of the cached
+free memory (reserved minus the blocks) and memory outside PyTorch's allocator (device used minus
 reserved). The items sum exactly from theory["total"] to the measured total;
 waterfall() checks that and raises ConservationError if not.
 """
@@ -43,6 +44,7 @@ from ..capture.baselines import closing_baseline, nccl_memory, outside_allocator
 from ..capture.format import MODULE_LEAF, EventKind
 from .categories import Attribution
 from .kv_cache import model_calls
+from .pools import private_pool_reserved, private_pool_rows
 from .timeline import Moment, Timeline
 
 __all__ = ["ConservationError", "theory", "waterfall"]
@@ -62,6 +64,9 @@ _LINES = (
      "keys and values cached between decoding steps (transformers' caches, vLLM's and SGLang's KV blocks), "
      "beyond the tokens asked: a static cache's unused positions, the last new token (never fed back), "
      "a serving engine's cache sized to the memory left"),
+    ("engine", "engine_buffers", None,
+     "a serving engine's own buffers outside its model: input ids and positions, block tables, sampling and "
+     "logits state (vLLM's, SGLang's)"),
     ("temporary", "temporaries", "activation_gradients",
      "intermediates freed within their phase, in place of the estimate's activation gradients"),
     ("workspace", "workspaces", None,
@@ -202,7 +207,13 @@ def waterfall(att: Attribution, m: Moment, th: dict[str, Any], tl: Timeline) -> 
     total = int(tl.allocated[pos])
     if tl.reserved is not None:
         reserved = int(tl.reserved[pos])
-        items.append({"item": "cached_free", "bytes": reserved - m.allocated_bytes,
+        in_pools = att.live(m.event) & private_pool_rows(att)
+        pools = max(0, private_pool_reserved(att.capture, m.event + 1) - int(att.block[in_pools].sum()))
+        if pools:
+            items.append({"item": "graph_pools", "bytes": pools,
+                          "detail": "free in CUDA graphs' private pools (and MemPools'): kept for the graphs' "
+                                    "replays, which only their own allocations can use"})
+        items.append({"item": "cached_free", "bytes": reserved - m.allocated_bytes - pools,
                       "detail": "reserved by the caching allocator but not allocated (cached blocks, "
                                 "fragmentation" + (")" if att.blocks_exact else
                                                    ", remainders of blocks the replay did not know)")})

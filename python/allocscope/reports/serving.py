@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from ..attribution.pools import private_pool_reserved
 from ..capture.format import EventKind
 from ..capture.stacks import stacks_through
 from ..common.units import format_bytes
@@ -57,7 +58,7 @@ def serving_measured(cap: Any, tl: Any, doc: dict[str, Any]) -> dict[str, Any] |
     by_category = (doc.get("peak") or {}).get("by_category") or {}
     out["weights_bytes"] = int(by_category.get("parameter", 0)) + int(by_category.get("buffer", 0))
     out["kv_cache_bytes"] = (doc.get("kv_cache") or {}).get("bytes")
-    out["graph_pool_bytes"] = _private_pool_bytes(cap, len(cap.events))
+    out["graph_pool_bytes"] = private_pool_reserved(cap, len(cap.events))
     out["outside_allocator_bytes"] = None
     gap = {g["item"]: g["bytes"] for g in doc.get("gap") or ()}
     if "outside_allocator" in gap:
@@ -80,27 +81,6 @@ def serving_measured(cap: Any, tl: Any, doc: dict[str, Any]) -> dict[str, Any] |
         out["capture_model"] = {"first_event": first, "last_event": last,
                                 "reserved_bytes": int(tl.reserved[after]) - int(tl.reserved[first])}
     return out
-
-
-def _private_pool_bytes(cap: Any, end: int) -> int:
-    """Bytes of the segments held by private pools (CUDA graphs', MemPools')
-    before event `end`: a segment is a pool's where the allocation it was
-    made for was served from a pool (a POOL_ALLOC marker follows its
-    SEGMENT_ALLOC); it is held until its SEGMENT_FREE."""
-    ev = cap.events
-    kinds = ev.kind[:end]
-    made = np.flatnonzero((kinds[:-1] == EventKind.SEGMENT_ALLOC) & (kinds[1:] == EventKind.POOL_ALLOC))
-    if not len(made):
-        return 0
-    freed = np.flatnonzero(kinds == EventKind.SEGMENT_FREE)
-    live: dict[int, int] = {}  # a pool's segments, by address
-    order = np.sort(np.concatenate((made, freed)))
-    for i in order.tolist():
-        if ev.kind[i] == EventKind.SEGMENT_ALLOC:
-            live[int(ev.addr[i])] = int(ev.size[i])
-        else:
-            live.pop(int(ev.addr[i]), None)
-    return sum(live.values())
 
 
 def _under(cap: Any, function: str) -> tuple[int, int, int] | None:

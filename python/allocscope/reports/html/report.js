@@ -7,7 +7,7 @@ const SVG = "http://www.w3.org/2000/svg";
 const CAT_COLORS = {
   parameter: "#4e79a7", buffer: "#9c755f", gradient: "#f28e2b", optimizer_state: "#e15759",
   activation: "#59a14f", input: "#edc948", output: "#ff9da7", kv_cache: "#d37295", temporary: "#b07aa1",
-  workspace: "#76b7b2",
+  engine: "#86bcb6", workspace: "#76b7b2",
   other: "#bab0ac", unknown: "#d3d3d3",
 };
 const PALETTE = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
