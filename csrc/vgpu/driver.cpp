@@ -654,9 +654,9 @@ const Entry kEntries[] = {
     ENTRY(cuMulticastAddDevice), ENTRY(cuMulticastBindMem), ENTRY(cuMulticastUnbind), ENTRY(cuGreenCtxCreate),
     ENTRY(cuGreenCtxDestroy), ENTRY(cuGreenCtxStreamCreate), ENTRY(cuCtxFromGreenCtx),
     ENTRY(cuDevResourceGenerateDesc), ENTRY(cuDevSmResourceSplitByCount), ENTRY(cuDeviceGetDevResource),
-    // itself: a CUDA runtime asks for it first (the CUDA 12 form, with its
-    // status) and takes a driver without it for one too old to use
-    // (CuTe DSL's kernels, FlashInfer's norms: cudaErrorCallRequiresNewerDriver)
+    // itself: a CUDA runtime asks for it first (cuGetProcAddress gives the
+    // CUDA 11 form where that is asked) and takes a driver without it for
+    // one too old to use (cudaErrorCallRequiresNewerDriver)
     ENTRY(cuGetProcAddress), ENTRY(cuStreamGetCtx),
     LOGS_ENTRIES
 };
@@ -675,19 +675,25 @@ void* vgpu_driver_entry_point(const char* symbol) {
   return nullptr;
 }
 
-// The same table for code that asks the driver itself (cuda-python's
-// bindings, as vLLM loads them; cuda.h names this cuGetProcAddress_v2). As
-// the driver does, an unknown symbol is CUDA_SUCCESS with a null pointer.
-API CUresult cuGetProcAddress(const char* symbol, void** pfn, int, cuuint64_t,
-                              CUdriverProcAddressQueryResult* status) {
-  if (symbol == nullptr || pfn == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  *pfn = vgpu_driver_entry_point(symbol);
-  if (status != nullptr) *status = *pfn != nullptr ? CU_GET_PROC_ADDRESS_SUCCESS : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-  return CUDA_SUCCESS;
-}
 // The CUDA 11 form, without the status.
 extern "C" __attribute__((visibility("default"))) CUresult vgpu_cuGetProcAddress_v1(
     const char* symbol, void** pfn, int version, cuuint64_t flags) __asm__("cuGetProcAddress");
+
+// The same table for code that asks the driver itself (cuda-python's
+// bindings, as vLLM loads them; cuda.h names this cuGetProcAddress_v2). As
+// the driver does, an unknown symbol is CUDA_SUCCESS with a null pointer.
+API CUresult cuGetProcAddress(const char* symbol, void** pfn, int version, cuuint64_t,
+                              CUdriverProcAddressQueryResult* status) {
+  if (symbol == nullptr || pfn == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *pfn = vgpu_driver_entry_point(symbol);
+  // Asked for itself as of CUDA 11 (a CUDA runtime asks at 11.3, then 12.0),
+  // the caller passes four arguments: the form that writes no status.
+  if (version < 12000 && std::strcmp(symbol, "cuGetProcAddress") == 0) {
+    *pfn = reinterpret_cast<void*>(&vgpu_cuGetProcAddress_v1);
+  }
+  if (status != nullptr) *status = *pfn != nullptr ? CU_GET_PROC_ADDRESS_SUCCESS : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+  return CUDA_SUCCESS;
+}
 CUresult vgpu_cuGetProcAddress_v1(const char* symbol, void** pfn, int version, cuuint64_t flags) {
   return cuGetProcAddress(symbol, pfn, version, flags, nullptr);
 }

@@ -114,6 +114,26 @@ def test_the_longest_max_model_len_that_fits_is_searched_and_is_vllms_own_limit(
     assert card["at_largest"]["serving"]["said"]["kv_cache_tokens"] >= largest
 
 
+def test_the_most_sequences_that_fit_is_searched_and_one_more_is_vllms_own_refusal(tmp_path):
+    # max_num_seqs sizes the sampler's profile run (logits of a 128k vocabulary
+    # a sequence), which takes from the KV cache: one more sequence than the
+    # answer leaves less than one request of max_model_len, and vLLM refuses
+    big_vocab = [*BIG[:BIG.index("--vocab")], "--vocab", "128256", *BIG[BIG.index("--vocab") + 2:]]
+    p = subprocess.run([sys.executable, "-m", "allocscope", "fit", "--gpu", "L4-24GB:8GiB", "-o", "search", "--json",
+                        "--search", "SEQS=1..8192", "--", sys.executable, SCRIPT, *big_vocab, "--max-model-len",
+                        "90000", "--max-num-seqs", "{SEQS}"], capture_output=True, text=True, timeout=1800,
+                       cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    card = json.loads(p.stdout)["cards"][0]
+    largest = card["largest"]
+    assert 1 < largest < 8192 and card["confirmed"]
+    assert card["at_largest"]["verdict"] == "fits"
+    assert card["at_largest"]["serving"]["said"]["kv_cache_tokens"] >= 90000
+    refusal = card["at_next"]["serving"]["said"]["refusal"]
+    assert card["at_next"]["verdict"] == "out of memory" and refusal["max_model_len"] == 90000
+    assert largest + 1 in card["tried"] and refusal["estimated_max_model_len"] < 90000
+
+
 def test_vllm_serve_starts_serves_and_stops_and_its_engine_is_the_card(tmp_path):
     out = tmp_path / "serve"
     p = subprocess.run([sys.executable, "-m", "allocscope", "fit", "--gpu", "L4-24GB", "--json", "-o", str(out), "--",
