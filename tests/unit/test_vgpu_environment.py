@@ -19,5 +19,6 @@ def test_code_built_at_run_time_links_against_the_stand_ins():
 
 def test_an_engine_fallback_is_the_users_where_they_chose():
     assert vgpu.environment("L4-24GB", base={})["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
+    assert vgpu.environment("L4-24GB", base={})["FLASHINFER_USE_CUDA_NORM"] == "1"
     assert vgpu.environment("L4-24GB", base={"VLLM_USE_FLASHINFER_SAMPLER": "1"})["VLLM_USE_FLASHINFER_SAMPLER"] == "1"
     assert vgpu.environment("2xH100-80GB", base={})[vgpu.ENV_GPU] == "2xH100-80GB"

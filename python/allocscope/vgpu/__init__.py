@@ -201,11 +201,15 @@ def _settings(gpu: str, memory: int | str | None, context: int | str | None,
     return out
 
 
-# What a program that compiles CUDA code at run time cannot do without a
-# CUDA toolkit, switched to the library's own fallback where the user has
-# not chosen: FlashInfer's sampler (vLLM's default on the card) is built
-# with nvcc and CUDA's headers on first use; vLLM's PyTorch sampler is not.
-ENGINE_FALLBACKS = {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
+# What a library cannot do on the virtual GPU, switched to its own fallback
+# where the user has not chosen:
+# - FlashInfer's sampler (vLLM's default on the card) is built with nvcc and
+#   CUDA's headers on first use; vLLM's PyTorch sampler is not;
+# - FlashInfer's CuTe DSL norms (SGLang's) run in a library that carries
+#   NVIDIA's own CUDA runtime, linked in, which needs the driver's private
+#   tables (cuGetExportTable) before it counts a device; its CUDA norms are
+#   built against the stand-in runtime.
+ENGINE_FALLBACKS = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "FLASHINFER_USE_CUDA_NORM": "1"}
 
 
 def environment(gpu: str, *, memory: int | str | None = None, context: int | str | None = None,
