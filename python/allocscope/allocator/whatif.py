@@ -1,20 +1,25 @@
 """What-if replays: the same requests under other settings or on a smaller
 card, each summarized as an Outcome, and the settings worth trying ranked
 (`allocscope simulate --suggest`, the OOM post-mortem's "would have avoided
-it")."""
+it"); and how large some allocations could have been on a card
+(largest_total: a serving engine's KV cache that fills it)."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from typing import Any
+
+import numpy as np
 
 from ..capture.format import EventKind
 from ..capture.reader import Capture
 from ..capture.stacks import site
 from .config import AllocatorConfig, parse_alloc_conf, recorded_config
+from .recorded import device_info
 from .replay import OomRecord, Replay, replay
 
-__all__ = ["Outcome", "candidates", "outcome", "suggest"]
+__all__ = ["Outcome", "candidates", "largest_total", "outcome", "suggest"]
 
 # The settings worth trying, on top of what the capture ran with.
 _CANDIDATES = (
@@ -94,3 +99,47 @@ def suggest(cap: Capture, *, limit: int | None = None) -> list[Outcome]:
     out of memory, by peak reserved."""
     results = [outcome(cap, replay(cap, cfg, limit=limit), text) for text, cfg in candidates(cap)]
     return sorted(results, key=lambda o: (o.oom_count > 0, o.peak_reserved, o.oom_count))
+
+
+def largest_total(cap: Capture, allocs: list[int], *, capacity: int, upper: int, step: int = 1 << 20) -> int | None:
+    """The largest total size (a whole number of steps, at most upper) that
+    the ALLOC events `allocs` could have had together, each grown in
+    proportion to its recorded size, for every request of the capture to be
+    served, replayed with the recorded settings where the allocator may hold
+    `capacity` bytes of its device (the card's memory less what is used
+    outside PyTorch's allocator). The recorded sizes where they are the most
+    that fits; None where even they run out. (What the requests after them
+    do with a smaller card, fragmentation included, decides: c10's own rules,
+    replayed.)"""
+    ev = cap.events
+    device = int(ev.device[allocs[0]])
+    info = device_info(cap.baseline("start"), cap.metadata, cap.baseline("end")).get(device, {})
+    # replay()'s limit is a card's total memory, of which it leaves out what
+    # the capture found used outside the allocator
+    outside = int(info.get("total", 0)) - int(info.get("free", info.get("total", 0))) - int(info.get("reserved", 0))
+    limit = capacity + max(outside, 0)
+    config = recorded_config(cap.baseline("start"), cap.metadata)
+    recorded = ev.size[allocs].astype(np.int64)
+    now = int(recorded.sum())
+
+    def fits(total: int) -> bool:
+        grown = recorded * total // now
+        grown[-1] += total - int(grown.sum())
+        size = ev.size.copy()
+        size[allocs] = grown.astype(size.dtype)
+        what_if = copy.copy(cap)
+        what_if.events = ev.replace(size=size)
+        return not replay(what_if, config, limit=limit).ooms
+
+    if not fits(now):
+        return None
+    high = upper // step  # in steps: the largest tried
+    if high * step <= now:
+        return now
+    if fits(high * step):
+        return high * step
+    low = now // step  # (at most the recorded total, which fits)
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if fits(mid * step) else (low, mid)
+    return max(low * step, now)

@@ -88,6 +88,10 @@ class Events:
     def select(self, index: np.ndarray) -> "Events":
         return Events(**{name: getattr(self, name)[index] for name in _EVENT_FIELDS})
 
+    def replace(self, **columns: np.ndarray) -> "Events":
+        """The same events with the given columns in place of their own (a what-if)."""
+        return Events(**{name: columns.get(name, getattr(self, name)) for name in _EVENT_FIELDS})
+
     def in_sequence_order(self) -> bool:
         """Whether sequence numbers never decrease from one event to the next
         (files the recorder writes; a hand-made one may differ)."""

@@ -24,6 +24,7 @@ import numpy as np
 
 from ..allocator.config import recorded_config
 from ..allocator.replay import replay
+from ..allocator.whatif import largest_total
 from ..attribution.categories import CATEGORIES, module_label
 from ..attribution.ops import op_names
 from ..capture.baselines import closing_baseline, device_readings, nccl_memory, outside_at_peak
@@ -35,7 +36,7 @@ from .analysis import analyse
 from .report import build_report
 from .scaling import FIXED_CATEGORIES, model_lines
 from .sections import kv_cache_lines, waterfall_lines
-from .serving import engine_figures, serving_lines, serving_side_by_side
+from .serving import engine_figures, kv_cache_allocations, serving_lines, serving_side_by_side
 from .text import table
 
 __all__ = ["FIT_DOCUMENT", "FIT_SCHEMA", "FitDocument", "card_lines", "card_result", "caveats", "fit_document",
@@ -61,6 +62,31 @@ def _device(cap: Capture) -> dict[str, Any]:
     base = device_readings(cap) or {}
     devices = base.get("devices") or [{}]
     return devices[0] if isinstance(devices[0], dict) else {}
+
+
+def _kv_cache_with_headroom(out: dict[str, Any], cap: Capture, r: dict[str, Any], capacity: int) -> None:
+    """A fit card's kv_cache "with_headroom": the cache that takes all of
+    the headroom (a serving engine sizes its cache once, before it serves:
+    vLLM's kv_cache_memory_bytes), in whole MiB. Where the replay of the
+    run is exact, the largest cache with which it still replays without
+    running out on this card (what comes after the cache, fragmentation
+    included, decides: allocator/whatif.py); else the cache plus the
+    headroom, which can be a few MiB too many."""
+    kv = out["kv_cache"]
+    grown = (kv["most_bytes"] + out["headroom_bytes"]) >> 20 << 20
+    kv["with_headroom_basis"] = "headroom"
+    replayed = ((r.get("allocator") or {}).get("replay") or {}).get("exact")
+    allocs = kv_cache_allocations(cap, int(r["peak"]["event"])) if r.get("serving") and replayed else []
+    if allocs:
+        # (a little past the headroom: cached blocks freed under pressure give some back)
+        largest = largest_total(cap, allocs, capacity=capacity, upper=grown + (64 << 20))
+        if largest is not None:
+            grown = largest - (int(cap.events.size[allocs].astype(np.int64).sum()) - kv["most_bytes"])
+            grown = grown >> 20 << 20
+            kv["with_headroom_basis"] = "replay"
+    kv["with_headroom_bytes"] = grown
+    if kv.get("shape"):
+        kv["with_headroom_tokens"] = grown // kv["shape"]["bytes_per_token"]
 
 
 def card_result(gpu: str, status: int, cap: Capture | None, *, capture_path: str | None = None,
@@ -124,13 +150,7 @@ def card_result(gpu: str, status: int, cap: Capture | None, *, capture_path: str
     if r.get("kv_cache"):
         out["kv_cache"] = dict(r["kv_cache"])
         if out["verdict"] == "fits" and out["headroom_bytes"] is not None and out["headroom_bytes"] > 0:
-            # The cache with all of the headroom (a serving engine sizes its
-            # cache once, before it serves: vLLM's kv_cache_memory_bytes),
-            # in whole MiB below what would fill the card.
-            grown = (out["kv_cache"]["most_bytes"] + out["headroom_bytes"]) >> 20 << 20
-            out["kv_cache"]["with_headroom_bytes"] = grown
-            if out["kv_cache"].get("shape"):
-                out["kv_cache"]["with_headroom_tokens"] = grown // out["kv_cache"]["shape"]["bytes_per_token"]
+            _kv_cache_with_headroom(out, cap, r, int(total) - outside)
     serving = serving_side_by_side(r.get("serving"), said, out.get("kv_cache"))
     if serving is not None:
         out["serving"] = serving
@@ -294,8 +314,10 @@ def card_lines(c: dict[str, Any], top: int = 5) -> list[str]:
         tokens = c["kv_cache"].get("with_headroom_tokens")
         lines.append(f"    with all of the headroom, a KV cache of {format_bytes(grown)}" +
                      (f" ({tokens:,} tokens)" if tokens is not None else "") +
-                     f" would fill the card, where a run with it allocates as this one did, with no margin "
-                     f"(vLLM: kv_cache_memory_bytes={grown})")
+                     f" would fill the card, where a run with it allocates as this one did, with no margin"
+                     + (" (the largest with which this run's replay runs out nowhere)"
+                        if c["kv_cache"].get("with_headroom_basis") == "replay" else "") +
+                     f" (vLLM: kv_cache_memory_bytes={grown})")
     lines += ["  " + line for line in serving_lines(c.get("serving"))]
     if c["verdict"] == "failed":
         lines.append(f"  the command failed (exit status {c['exit_status']}) without running out of memory: "
