@@ -98,7 +98,9 @@ def test_a_serving_engines_profile_graphs_and_kv_cache_as_torch_counts_them(tmp_
     gap = {g["item"]: g for g in report["gap"]}
     by_category = report["peak"]["by_category"]
     # the engine's: its buffers and the graph's static input; not the weights or the graph's output (the model's)
-    assert by_category["engine"] == gap["engine_buffers"]["bytes"] == (3 << 20) + 5000 + (4 << 20)
+    # (torch 2.11's graph capture also allocates its generator's seed and offset, 16 bytes, in the engine's call)
+    assert by_category["engine"] == gap["engine_buffers"]["bytes"]
+    assert 0 <= by_category["engine"] - ((3 << 20) + 5000 + (4 << 20)) <= 16
     assert by_category["kv_cache"] == 256 << 20 and by_category["other"] == (8 << 20) + (4 << 20)
     assert gap["graph_pools"]["bytes"] == torch_says["pools_free"] > 0
     text = subprocess.run([sys.executable, "-m", "allocscope", "report", str(out)], capture_output=True, text=True,

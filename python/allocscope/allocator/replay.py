@@ -16,6 +16,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from ..capture.baselines import closing_baseline
 from ..capture.format import EventKind
 from ..capture.reader import Capture
 from ..common.errors import InputError
@@ -152,7 +153,7 @@ class _Run:
         self.cfg_now = self.cfg  # the settings in effect at the request being replayed
         self.stream_dev = np.array([s.device for s in cap.streams] or [-2], np.int64)
         self.stream_handle = [s.handle for s in cap.streams]
-        self.info = device_info(base, cap.metadata, cap.baseline("end"))
+        self.info = device_info(base, cap.metadata, closing_baseline(cap))
         self.segment_order = free_block_order(cap.metadata.get("torch"))
         self.warnings: list[str] = []
         self.seg_idx = np.flatnonzero((ev.kind >= EventKind.SEGMENT_ALLOC) & (ev.kind <= EventKind.SEGMENT_UNMAP))

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from ..capture.baselines import closing_baseline
 from ..capture.format import EventKind
 from ..capture.reader import Capture
 from ..capture.stacks import site
@@ -107,18 +108,18 @@ def largest_total(cap: Capture, allocs: list[int], *, capacity: int, upper: int,
     proportion to its recorded size, for every request of the capture to be
     served, replayed with the recorded settings where the allocator may hold
     `capacity` bytes of its device (the card's memory less what is used
-    outside PyTorch's allocator). The recorded sizes where they are the most
+    outside PyTorch's allocator), the settings changed where the program
+    changed them (vLLM does, around its CUDA graphs). The recorded sizes where they are the most
     that fits; None where even they run out. (What the requests after them
     do with a smaller card, fragmentation included, decides: c10's own rules,
     replayed.)"""
     ev = cap.events
     device = int(ev.device[allocs[0]])
-    info = device_info(cap.baseline("start"), cap.metadata, cap.baseline("end")).get(device, {})
+    info = device_info(cap.baseline("start"), cap.metadata, closing_baseline(cap)).get(device, {})
     # replay()'s limit is a card's total memory, of which it leaves out what
     # the capture found used outside the allocator
     outside = int(info.get("total", 0)) - int(info.get("free", info.get("total", 0))) - int(info.get("reserved", 0))
     limit = capacity + max(outside, 0)
-    config = recorded_config(cap.baseline("start"), cap.metadata)
     recorded = ev.size[allocs].astype(np.int64)
     now = int(recorded.sum())
 
@@ -129,7 +130,8 @@ def largest_total(cap: Capture, allocs: list[int], *, capacity: int, upper: int,
         size[allocs] = grown.astype(size.dtype)
         what_if = copy.copy(cap)
         what_if.events = ev.replace(size=size)
-        return not replay(what_if, config, limit=limit).ooms
+        # (no config: the recorded settings, changed where the program changed them)
+        return not replay(what_if, limit=limit).ooms
 
     if not fits(now):
         return None
