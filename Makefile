@@ -55,7 +55,7 @@ GPU_CHECK_ARCHIVE ?=
 GPU_CHECK_ARGS ?=
 
 .PHONY: demo test test-full test-main test-main-cpu test-main-cpu-fit test-main-cpu-agnostic \
-	test-main-cpu-agnostic-integration test-main-cpu-agnostic-unit test-main-cuda test-main-many-gpus test-compat test-serving test-system gpu-check browser bench clean
+	test-main-cpu-agnostic-integration test-main-cpu-agnostic-unit test-main-cuda test-main-many-gpus test-compat test-serving test-system conformance gpu-check browser bench clean
 
 # CUDA first: on the GPU if there is one, else on a virtual H100 (torch's real
 # caching allocator); then a shorter CPU recording.
@@ -186,6 +186,24 @@ test-serving:
 	find build-serving -name '*.so' -delete && rm -rf build-serving/python/allocscope/vgpu/lib
 	cd build-serving && ../$(SERVING_VENV)/bin/python -m pip install -q --no-build-isolation --no-deps -e . && \
 	  ../$(SERVING_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/serving -m serving
+
+# PyTorch's own tests (autograd; the CUDA memory tests on two virtual
+# H100s) with allocscope off and on, test by test the same
+# (tests/conformance/run.py): on each torch, PyTorch's tests fetched from
+# Debian's source package (pinned, checked, cached outside the repository).
+# Their own test dependencies (expecttest, psutil) go into the venvs. The
+# compat torch's part needs build-compat (make test-compat). Not part of
+# make test.
+CONFORMANCE_DEPS := expecttest psutil
+conformance: $(VENV)/.built
+	$(PY) $(PIP_INSTALL) $(CONFORMANCE_DEPS)
+	@$(PY) tests/conformance/run.py --out benchmarks/results/conformance_torch$(TORCH).json; status=$$?; \
+	if [ -d build-compat ]; then \
+	  $(COMPAT_VENV)/bin/python $(PIP_INSTALL) $(CONFORMANCE_DEPS) && \
+	  (cd build-compat && ../$(COMPAT_VENV)/bin/python ../tests/conformance/run.py \
+	    --out ../benchmarks/results/conformance_torch$(COMPAT_TORCH).json) || status=1; \
+	else echo "conformance: no build-compat (make test-compat first): torch $(COMPAT_TORCH) not run"; status=1; fi; \
+	exit $$status
 
 # With a GPU, everything runs on it (the `cuda` and `gpu_hardware` tests
 # included); without one, as `make test` does.

@@ -1,0 +1,233 @@
+"""make conformance: PyTorch's own tests, run on the installed torch with
+allocscope off and on, test by test the same.
+
+PyTorch's tests at the releases we support are in no registry package, and
+its repository is too large to fetch here; Debian's source package of
+PyTorch carries them (its upstream tarball, 27 MB). It is fetched once,
+checked against its pinned SHA-256 and cached outside the repository
+($ALLOCSCOPE_CONFORMANCE_CACHE, else ~/.cache/allocscope/conformance);
+nothing of PyTorch's is committed.
+
+Suites (SUITES), each a set of PyTorch's test files run in every mode:
+- autograd: test_autograd.py on the CPU, plain and under `allocscope run
+  --device cpu --watch` (recording, and every model watched when first
+  called: allocscope's autograd engine and its grad/backward wrappers);
+- cuda_memory: the memory-related tests of test_cuda.py,
+  test_cuda_multigpu.py and test_cuda_expandable_segments.py on two
+  virtual H100s, with recording off (`--no-record`), on, and watching.
+
+PyTorch's conftest.py is left out (--noconftest): its hooks are written
+for an older pytest, and what they add (sharding, rerun bookkeeping) is
+CI's.
+
+A test's result is its outcome (passed, failed, error, skipped) and its
+message's first line, numbers and addresses left out (a time, a pointer,
+a process id differ from run to run). The document (JSON) holds each
+mode's counts, every test whose result differs between modes, and for
+each CUDA capture a mode wrote whether its replay follows it exactly; the
+run fails where a test differs or a replay does not follow. Tests that fail in every mode (their age
+against the installed torch; kernels compute nothing on a virtual GPU)
+are no difference, and are counted, not listed.
+
+    python tests/conformance/run.py [--suite autograd] [--out FILE] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import urllib.request
+import xml.etree.ElementTree as ET
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# Debian's source package of PyTorch: its upstream tarball, pinned. A newer
+# version that reaches Debian's packages is one more entry (--source).
+SOURCES = {
+    "2.6.0+dfsg": ("http://deb.debian.org/debian/pool/main/p/pytorch/pytorch_2.6.0+dfsg.orig.tar.xz",
+                   "099a9601bc40d67656e75735c44abedb0fbe92d08817852ab7472eebb7e6ddff"),
+}
+DEFAULT_SOURCE = "2.6.0+dfsg"
+
+MEMORY_TESTS = "memory or caching or alloc or empty_cache or mempool or graph"
+VGPU = "2xH100-80GB"
+
+
+def _allocscope(*options: str) -> list[str]:
+    return [sys.executable, "-m", "allocscope", "run", *options, "--"]
+
+
+SUITES: dict[str, dict] = {
+    "autograd": {
+        "files": ["test_autograd.py"],
+        "select": None,
+        "modes": {"plain": [], "watched": _allocscope("--device", "cpu", "--watch", "-o", "{capture}")},
+    },
+    "cuda_memory": {
+        "files": ["test_cuda.py", "test_cuda_multigpu.py", "test_cuda_expandable_segments.py"],
+        "select": MEMORY_TESTS,
+        "modes": {"off": _allocscope("--gpu", VGPU, "--no-record"),
+                  "recording": _allocscope("--gpu", VGPU, "-o", "{capture}"),
+                  "watching": _allocscope("--gpu", VGPU, "--watch", "-o", "{capture}")},
+    },
+}
+
+
+def cache_dir() -> str:
+    return os.environ.get("ALLOCSCOPE_CONFORMANCE_CACHE") or os.path.join(
+        os.path.expanduser("~"), ".cache", "allocscope", "conformance")
+
+
+def fetch(version: str) -> str:
+    """The folder of PyTorch's test/ from Debian's source package `version`
+    (downloaded and checked once, then cached)."""
+    url, sha256 = SOURCES[version]
+    root = os.path.join(cache_dir(), version)
+    tests = os.path.join(root, "test")
+    if os.path.isdir(tests):
+        return tests
+    os.makedirs(root, exist_ok=True)
+    archive = os.path.join(root, os.path.basename(url))
+    if not os.path.exists(archive):
+        with urllib.request.urlopen(url, timeout=300) as response, open(archive + ".part", "wb") as f:
+            while chunk := response.read(1 << 20):
+                f.write(chunk)
+        os.replace(archive + ".part", archive)
+    digest = hashlib.sha256()
+    with open(archive, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    if digest.hexdigest() != sha256:
+        os.remove(archive)
+        raise SystemExit(f"conformance: {url} is not the pinned tarball (sha256 {digest.hexdigest()})")
+    with tarfile.open(archive) as tar:
+        members = [m for m in tar.getmembers() if m.name.split("/")[1:2] == ["test"]
+                   and (m.isfile() or m.isdir())]
+        for m in members:
+            m.name = m.name.split("/", 1)[1]  # (pytorch-v2.6.0/test/... -> test/...)
+        tar.extractall(root, members=members, filter="data")
+    return tests
+
+
+_VARYING = re.compile(r"0x[0-9a-fA-F]+|\d+(\.\d+)?")
+
+
+def results(junit: str) -> dict[str, tuple[str, str]]:
+    """{test id: (outcome, message's first line with numbers left out)} from pytest's JUnit XML."""
+    out: dict[str, tuple[str, str]] = {}
+    if not os.path.exists(junit):
+        return out
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        test = f"{case.get('classname')}::{case.get('name')}"
+        outcome, message = "passed", ""
+        for child in case:
+            if child.tag in ("failure", "error", "skipped"):
+                outcome = child.tag if child.tag != "skipped" or child.get("type") != "pytest.xfail" else "xfailed"
+                message = (child.get("message") or "").strip().splitlines()[:1]
+                message = _VARYING.sub("#", message[0]) if message else ""
+                break
+        out[test] = (outcome, message)
+    return out
+
+
+def replays(capture: str) -> dict[str, object]:
+    """Each CUDA capture the mode wrote (a process's own: FILE.pidN.alsc
+    beside FILE), replayed: whether the replay follows it exactly."""
+    import allocscope
+    from allocscope.allocator.replay import replay
+
+    out: dict[str, object] = {}
+    stem = capture[:-len(".alsc")]
+    for path in sorted(glob.glob(glob.escape(stem) + "*.alsc")):
+        cap = allocscope.load(path, salvage=True)
+        if "cuda" not in (cap.metadata.get("devices_recorded") or ()):
+            continue
+        fidelity = replay(cap).fidelity
+        f = fidelity.to_json() if fidelity else {}
+        out[os.path.basename(path)] = {"events": len(cap.events), "exact": bool(f.get("exact")),
+                                       "first_mismatch": f.get("first_mismatch")}
+    return out
+
+
+def run_suite(name: str, tests_dir: str, work: str, timeout: int) -> dict:
+    suite = SUITES[name]
+    per_mode: dict[str, dict[str, tuple[str, str]]] = {}
+    doc: dict = {"files": suite["files"], "select": suite["select"], "modes": {}}
+    for mode, prefix in suite["modes"].items():
+        junit = os.path.join(work, f"{name}.{mode}.xml")
+        capture = os.path.join(work, f"{name}.{mode}.alsc")
+        command = [a.replace("{capture}", capture) for a in prefix] + [
+            sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-o", "addopts=", "--tb=no", "--noconftest",
+            f"--junitxml={junit}", *suite["files"], *(["-k", suite["select"]] if suite["select"] else [])]
+        started = time.monotonic()
+        p = subprocess.run(command, cwd=tests_dir, capture_output=True, text=True, timeout=timeout)
+        got = per_mode[mode] = results(junit)
+        counts: dict[str, int] = {}
+        for outcome, _ in got.values():
+            counts[outcome] = counts.get(outcome, 0) + 1
+        shown = " ".join("python" if a == sys.executable else os.path.basename(a) if a == capture else a
+                         for a in command)
+        doc["modes"][mode] = {"command": shown, "exit_status": p.returncode, "wall_s": round(time.monotonic() - started, 1),
+                              "tests": len(got), "counts": counts}
+        if not got:
+            doc["modes"][mode]["output_tail"] = (p.stdout + p.stderr)[-3000:]
+        if "{capture}" in prefix:
+            doc["modes"][mode]["replays"] = replays(capture)
+    tests = sorted(set().union(*per_mode.values()))
+    differences = []
+    for test in tests:
+        seen = {mode: per_mode[mode].get(test, ("not run", "")) for mode in per_mode}
+        if len(set(seen.values())) > 1:
+            differences.append({"test": test, **{m: list(r) for m, r in seen.items()}})
+    doc["tests"] = len(tests)
+    doc["differences"] = differences
+    return doc
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--suite", action="append", choices=sorted(SUITES), help="default: every suite")
+    parser.add_argument("--source", default=DEFAULT_SOURCE, choices=sorted(SOURCES))
+    parser.add_argument("--out", help="write the document here (default: stdout)")
+    parser.add_argument("--keep", metavar="DIR", help="keep the JUnit files and captures in DIR")
+    parser.add_argument("--timeout", type=int, default=3600, help="seconds a mode may take")
+    args = parser.parse_args()
+    import torch
+
+    tests_dir = fetch(args.source)
+    work = args.keep or tempfile.mkdtemp(prefix="allocscope-conformance-")
+    os.makedirs(work, exist_ok=True)
+    doc = {"benchmark": "conformance", "command": " ".join(["python", "tests/conformance/run.py", *sys.argv[1:]]),
+           "torch": torch.__version__, "python": sys.version.split()[0],
+           "source": {"debian": f"pytorch {args.source}", "url": SOURCES[args.source][0],
+                      "sha256": SOURCES[args.source][1]},
+           "suites": {}}
+    for name in args.suite or sorted(SUITES):
+        doc["suites"][name] = run_suite(name, tests_dir, work, args.timeout)
+    text = json.dumps(doc, indent=1)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    else:
+        print(text)
+    differ = {name: len(s["differences"]) for name, s in doc["suites"].items()}
+    empty = [f"{name}/{mode}" for name, s in doc["suites"].items() for mode, m in s["modes"].items() if not m["tests"]]
+    inexact = [f"{name}/{mode}/{path}" for name, s in doc["suites"].items() for mode, m in s["modes"].items()
+               for path, r in (m.get("replays") or {}).items() if not r["exact"]]
+    print(f"conformance: {json.dumps(differ)} tests differ between modes"
+          + (f"; no results from {', '.join(empty)}" if empty else "")
+          + (f"; replays not exact: {', '.join(inexact)}" if inexact else ""), file=sys.stderr)
+    return 1 if any(differ.values()) or empty or inexact else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
