@@ -12,9 +12,12 @@ Suites (SUITES), each a set of PyTorch's test files run in every mode:
 - autograd: test_autograd.py on the CPU, plain and under `allocscope run
   --device cpu --watch` (recording, and every model watched when first
   called: allocscope's autograd engine and its grad/backward wrappers);
-- cuda_memory: the memory-related tests of test_cuda.py,
-  test_cuda_multigpu.py and test_cuda_expandable_segments.py on two
-  virtual H100s, with recording off (`--no-record`), on, and watching.
+- cuda_memory: the memory-related tests of test_cuda.py and
+  test_cuda_multigpu.py on two virtual H100s, with recording off
+  (`--no-record`), on, and watching;
+- cuda_memory_expandable: those of test_cuda.py again with expandable
+  segments, as test_cuda_expandable_segments.py sets them up
+  (expandable_segments.py, a pytest plugin).
 
 PyTorch's conftest.py is left out (--noconftest): its hooks are written
 for an older pytest, and what they add (sharding, rerun bookkeeping) is
@@ -66,18 +69,29 @@ def _allocscope(*options: str) -> list[str]:
     return [sys.executable, "-m", "allocscope", "run", *options, "--"]
 
 
+CUDA_MODES = {"off": _allocscope("--gpu", VGPU, "--no-record"),
+              "recording": _allocscope("--gpu", VGPU, "-f", "-o", "{capture}"),
+              "watching": _allocscope("--gpu", VGPU, "--watch", "-f", "-o", "{capture}")}
+
 SUITES: dict[str, dict] = {
     "autograd": {
         "files": ["test_autograd.py"],
         "select": None,
-        "modes": {"plain": [], "watched": _allocscope("--device", "cpu", "--watch", "-o", "{capture}")},
+        "modes": {"plain": [], "watched": _allocscope("--device", "cpu", "--watch", "-f", "-o", "{capture}")},
     },
     "cuda_memory": {
-        "files": ["test_cuda.py", "test_cuda_multigpu.py", "test_cuda_expandable_segments.py"],
+        "files": ["test_cuda.py", "test_cuda_multigpu.py"],
         "select": MEMORY_TESTS,
-        "modes": {"off": _allocscope("--gpu", VGPU, "--no-record"),
-                  "recording": _allocscope("--gpu", VGPU, "-o", "{capture}"),
-                  "watching": _allocscope("--gpu", VGPU, "--watch", "-o", "{capture}")},
+        "modes": CUDA_MODES,
+    },
+    # test_cuda_expandable_segments.py sets expandable segments only when
+    # started as a script; under pytest it is test_cuda.py again: its setup
+    # is done by a plugin of ours
+    "cuda_memory_expandable": {
+        "files": ["test_cuda.py"],
+        "select": MEMORY_TESTS,
+        "plugins": ["expandable_segments"],
+        "modes": CUDA_MODES,
     },
 }
 
@@ -167,9 +181,11 @@ def run_suite(name: str, tests_dir: str, work: str, timeout: int) -> dict:
         capture = os.path.join(work, f"{name}.{mode}.alsc")
         command = [a.replace("{capture}", capture) for a in prefix] + [
             sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-o", "addopts=", "--tb=no", "--noconftest",
-            f"--junitxml={junit}", *suite["files"], *(["-k", suite["select"]] if suite["select"] else [])]
+            f"--junitxml={junit}", *[a for name in suite.get("plugins", ()) for a in ("-p", name)],
+            *suite["files"], *(["-k", suite["select"]] if suite["select"] else [])]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (HERE, os.environ.get("PYTHONPATH")) if p))
         started = time.monotonic()
-        p = subprocess.run(command, cwd=tests_dir, capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run(command, cwd=tests_dir, env=env, capture_output=True, text=True, timeout=timeout)
         got = per_mode[mode] = results(junit)
         counts: dict[str, int] = {}
         for outcome, _ in got.values():

@@ -69,8 +69,8 @@ def _device(cap: Capture) -> dict[str, Any]:
 # differed by 4 MiB at their peak; and vLLM given --kv-cache-memory skips
 # its CUDA-graph memory profile, which leaves the allocator's cached
 # segments otherwise arranged: with Qwen1.5-MoE on an A100, the run started
-# with the replay's figure less 32 MiB ran out, and its own replay says it
-# needed 16 to 48 MiB less (docs/report.md).
+# with the replay's figure less 32 MiB ran out (its own replay: 16 MiB less
+# would have fitted); less 64 MiB, it fits with 36 MiB to spare.
 _FILL_MARGIN = 64 << 20
 
 
