@@ -7,6 +7,7 @@ added to reserved memory, the graph's private pool; and the waterfall's
 lines for the engine's own buffers and the graph pool's free memory."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -67,7 +68,8 @@ print(json.dumps({"activation": peak - after, "captured": captured, "pools": poo
 '''
 
 
-def test_a_serving_engines_profile_graphs_and_kv_cache_as_torch_counts_them(tmp_path):
+@pytest.mark.parametrize("settings", ["", "expandable_segments:True"])
+def test_a_serving_engines_profile_graphs_and_kv_cache_as_torch_counts_them(tmp_path, settings):
     (tmp_path / "vllm").mkdir()
     (tmp_path / "vllm" / "__init__.py").write_text("")
     (tmp_path / "vllm" / "runner.py").write_text(ENGINE)
@@ -80,7 +82,7 @@ def test_a_serving_engines_profile_graphs_and_kv_cache_as_torch_counts_them(tmp_
     out = tmp_path / "engine.alsc"
     run = subprocess.run([sys.executable, "-m", "allocscope", "run", "--gpu", "L4-24GB", "-o", str(out), "--",
                           sys.executable, str(tmp_path / "main.py"), str(tmp_path)], capture_output=True, text=True,
-                         timeout=600)
+                         timeout=600, env=dict(os.environ, PYTORCH_CUDA_ALLOC_CONF=settings))
     assert run.returncode == 0, run.stderr[-3000:]
     torch_says = json.loads(run.stdout.strip().splitlines()[-1])
     doc = subprocess.run([sys.executable, "-m", "allocscope", "report", "--json", str(out)], capture_output=True,

@@ -109,10 +109,12 @@ def largest_total(cap: Capture, allocs: list[int], *, capacity: int, upper: int,
     served, replayed with the recorded settings where the allocator may hold
     `capacity` bytes of its device (the card's memory less what is used
     outside PyTorch's allocator), the settings changed where the program
-    changed them (vLLM does, around its CUDA graphs). The recorded sizes where they are the most
-    that fits; None where even they run out. (What the requests after them
-    do with a smaller card, fragmentation included, decides: c10's own rules,
-    replayed.)"""
+    changed them (vLLM does, around loading its weights). The recorded
+    sizes where they are the most that fits; None where even they run out.
+    (What the requests after them do with a smaller card, fragmentation
+    included, decides: c10's own rules, replayed.)"""
+    if not allocs:
+        return None
     ev = cap.events
     device = int(ev.device[allocs[0]])
     info = device_info(cap.baseline("start"), cap.metadata, closing_baseline(cap)).get(device, {})

@@ -15,24 +15,39 @@ __all__ = ["private_pool_reserved", "private_pool_rows"]
 
 
 def private_pool_reserved(cap: Capture, end: int) -> int:
-    """Bytes of the segments held by private pools before event `end`: a
-    segment is a pool's where the allocation it was made for was served
-    from a pool (a POOL_ALLOC marker follows its SEGMENT_ALLOC); it is held
-    until its SEGMENT_FREE. (A pool's segments are never expandable: c10
-    maps expandable segments for the shared pools only.)"""
+    """Bytes of device memory held by private pools before event `end`: a
+    segment (or, with expandable segments, a range mapped) is a pool's
+    where the allocation it was made for was served from a pool (a
+    POOL_ALLOC marker follows its SEGMENT_ALLOC or SEGMENT_MAP); it is held
+    until its SEGMENT_FREE, or the part of it a SEGMENT_UNMAP unmaps.
+    (A newer c10 maps expandable segments for CUDA graphs' pools too, an
+    older one for the shared pools only.)"""
     ev = cap.events
     kinds = ev.kind[:end]
-    made = np.flatnonzero((kinds[:-1] == EventKind.SEGMENT_ALLOC) & (kinds[1:] == EventKind.POOL_ALLOC))
+    grown = (kinds[:-1] == EventKind.SEGMENT_ALLOC) | (kinds[:-1] == EventKind.SEGMENT_MAP)
+    made = np.flatnonzero(grown & (kinds[1:] == EventKind.POOL_ALLOC))
     if not len(made):
         return 0
-    freed = np.flatnonzero(kinds == EventKind.SEGMENT_FREE)
-    live: dict[int, int] = {}  # a pool's segments, by address
-    for i in np.sort(np.concatenate((made, freed))).tolist():
-        if ev.kind[i] == EventKind.SEGMENT_ALLOC:
-            live[int(ev.addr[i])] = int(ev.size[i])
-        else:
-            live.pop(int(ev.addr[i]), None)
-    return sum(live.values())
+    gone = np.flatnonzero((kinds == EventKind.SEGMENT_FREE) | (kinds == EventKind.SEGMENT_UNMAP))
+    held: list[tuple[int, int]] = []  # [start, end) address ranges the pools hold
+    pools_made = set(made.tolist())
+    for i in np.sort(np.concatenate((made, gone))).tolist():
+        a, n = int(ev.addr[i]), int(ev.size[i])
+        if i in pools_made:
+            held.append((a, a + n))
+            continue
+        # what a free or an unmap gives back of the pools' ranges
+        kept = []
+        for lo, hi in held:
+            if hi <= a or lo >= a + n:
+                kept.append((lo, hi))
+                continue
+            if lo < a:
+                kept.append((lo, a))
+            if hi > a + n:
+                kept.append((a + n, hi))
+        held = kept
+    return sum(hi - lo for lo, hi in held)
 
 
 def private_pool_rows(att: Attribution) -> np.ndarray:
