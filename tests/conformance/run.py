@@ -43,6 +43,7 @@ import hashlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tarfile
@@ -180,22 +181,35 @@ def run_suite(name: str, tests_dir: str, work: str, timeout: int) -> dict:
         junit = os.path.join(work, f"{name}.{mode}.xml")
         capture = os.path.join(work, f"{name}.{mode}.alsc")
         command = [a.replace("{capture}", capture) for a in prefix] + [
-            sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-o", "addopts=", "--tb=no", "--noconftest",
+            sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-o", "addopts=", "-o", "faulthandler_timeout=300",
+            "--tb=no", "--noconftest",
             f"--junitxml={junit}", *[a for name in suite.get("plugins", ()) for a in ("-p", name)],
             *suite["files"], *(["-k", suite["select"]] if suite["select"] else [])]
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (HERE, os.environ.get("PYTHONPATH")) if p))
+        # (C++ extensions the tests build, in a folder of this run's: another
+        # torch's build of the same name, or a lock a killed build left, would
+        # make load_inline wait for ever)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (HERE, os.environ.get("PYTHONPATH")) if p),
+                   TORCH_EXTENSIONS_DIR=os.path.join(work, "torch_extensions"))
         started = time.monotonic()
-        p = subprocess.run(command, cwd=tests_dir, env=env, capture_output=True, text=True, timeout=timeout)
+        p = subprocess.Popen(command, cwd=tests_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True, start_new_session=True)
+        try:
+            output, _ = p.communicate(timeout=timeout)
+            status: int | str = p.returncode
+        except subprocess.TimeoutExpired:  # a test that never ends (faulthandler's dump says where it waits)
+            os.killpg(p.pid, signal.SIGKILL)
+            output, _ = p.communicate()
+            status = "timed out"
         got = per_mode[mode] = results(junit)
         counts: dict[str, int] = {}
         for outcome, _ in got.values():
             counts[outcome] = counts.get(outcome, 0) + 1
         shown = " ".join("python" if a == sys.executable else os.path.basename(a) if a == capture else a
                          for a in command)
-        doc["modes"][mode] = {"command": shown, "exit_status": p.returncode, "wall_s": round(time.monotonic() - started, 1),
+        doc["modes"][mode] = {"command": shown, "exit_status": status, "wall_s": round(time.monotonic() - started, 1),
                               "tests": len(got), "counts": counts}
         if not got:
-            doc["modes"][mode]["output_tail"] = (p.stdout + p.stderr)[-3000:]
+            doc["modes"][mode]["output_tail"] = output[-6000:]
         if "{capture}" in prefix:
             doc["modes"][mode]["replays"] = replays(capture)
     tests = sorted(set().union(*per_mode.values()))
@@ -215,7 +229,7 @@ def main() -> int:
     parser.add_argument("--source", default=DEFAULT_SOURCE, choices=sorted(SOURCES))
     parser.add_argument("--out", help="write the document here (default: stdout)")
     parser.add_argument("--keep", metavar="DIR", help="keep the JUnit files and captures in DIR")
-    parser.add_argument("--timeout", type=int, default=3600, help="seconds a mode may take")
+    parser.add_argument("--timeout", type=int, default=1200, help="seconds a mode may take")
     args = parser.parse_args()
     import torch
 
