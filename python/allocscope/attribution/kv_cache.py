@@ -38,8 +38,9 @@ import numpy as np
 from ..capture.format import MODULE_BACKWARD, EventKind
 from ..capture.reader import Capture
 from ..capture.stacks import is_library
+from .lifetimes import lifetimes
 
-__all__ = ["engine_rows", "engine_site", "kv_cache_rows", "kv_cache_site", "kv_cache_stacks", "model_calls"]
+__all__ = ["engine_rows", "engine_site", "kv_cache_allocations", "kv_cache_rows", "kv_cache_site", "kv_cache_stacks", "model_calls"]
 
 
 def kv_cache_site(filename: str, function: str) -> bool:
@@ -104,12 +105,28 @@ def kv_cache_rows(cap: Capture, stack: np.ndarray, start: np.ndarray, end: np.nd
     stack = stack.astype(np.int64)
     if not in_cache.any():
         return np.zeros(len(stack), bool)
-    made = in_cache[np.clip(stack, 0, len(in_cache) - 1)] & (stack < len(in_cache))
+    made = _flagged(in_cache, stack)
     first, last = model_calls(cap)
     call = np.searchsorted(first, start, side="right") - 1
     inside = (call >= 0) & (start < last[np.maximum(call, 0)]) if len(first) else np.zeros(len(start), bool)
     freed_inside = inside & (end < last[np.maximum(call, 0)]) if len(first) else inside
     return made & ~freed_inside
+
+
+def _flagged(flags: np.ndarray, stack: np.ndarray) -> np.ndarray:
+    """Per row: whether its stack node is flagged (a node past the table: no)."""
+    return flags[np.clip(stack, 0, len(flags) - 1)] & (stack < len(flags))
+
+
+def kv_cache_allocations(cap: Capture, event: int) -> list[int]:
+    """The ALLOC events of a library's KV cache live after event `event`."""
+    in_cache = kv_cache_stacks(cap)
+    if not in_cache.any():
+        return []
+    lt = lifetimes(cap.events)
+    made = _flagged(in_cache, cap.events.stack[lt.alloc].astype(np.int64))
+    live = (lt.alloc <= event) & ((lt.free < 0) | (lt.free > event))
+    return lt.alloc[made & live].tolist()
 
 
 def engine_rows(cap: Capture, stack: np.ndarray, start: np.ndarray) -> np.ndarray:
@@ -119,7 +136,7 @@ def engine_rows(cap: Capture, stack: np.ndarray, start: np.ndarray) -> np.ndarra
     stack = stack.astype(np.int64)
     if not by_engine.any():
         return np.zeros(len(stack), bool)
-    made = by_engine[np.clip(stack, 0, len(by_engine) - 1)] & (stack < len(by_engine))
+    made = _flagged(by_engine, stack)
     first, last = model_calls(cap)
     if not len(first):
         return made

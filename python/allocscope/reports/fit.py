@@ -26,6 +26,7 @@ from ..allocator.config import recorded_config
 from ..allocator.replay import replay
 from ..allocator.whatif import largest_total
 from ..attribution.categories import CATEGORIES, module_label
+from ..attribution.kv_cache import kv_cache_allocations
 from ..attribution.ops import op_names
 from ..capture.baselines import closing_baseline, device_readings, nccl_memory, outside_at_peak
 from ..capture.format import EventKind
@@ -36,7 +37,7 @@ from .analysis import analyse
 from .report import build_report
 from .scaling import FIXED_CATEGORIES, model_lines
 from .sections import kv_cache_lines, waterfall_lines
-from .serving import engine_figures, kv_cache_allocations, serving_lines, serving_side_by_side
+from .serving import engine_figures, serving_lines, serving_side_by_side
 from .text import table
 
 __all__ = ["FIT_DOCUMENT", "FIT_SCHEMA", "FitDocument", "card_lines", "card_result", "caveats", "fit_document",

@@ -25,8 +25,6 @@ from typing import Any
 
 import numpy as np
 
-from ..attribution.kv_cache import kv_cache_stacks
-from ..attribution.lifetimes import lifetimes
 from ..attribution.pools import private_pool_reserved
 from ..capture.format import EventKind
 from ..capture.stacks import stacks_through
@@ -49,19 +47,6 @@ def _vllm_function(name: str) -> Any:
     """A frame predicate: vLLM's function or method `name` (frames name
     methods by their qualified name, Class.method)."""
     return lambda filename, function: function.rpartition(".")[2] == name and _vllm_frame(filename, function)
-
-
-def kv_cache_allocations(cap: Any, event: int) -> list[int]:
-    """The ALLOC events of a library's KV cache (attribution/kv_cache.py)
-    live after event `event`."""
-    in_cache = kv_cache_stacks(cap)
-    if not in_cache.any():
-        return []
-    lt = lifetimes(cap.events)
-    stack = cap.events.stack[lt.alloc].astype(np.int64)
-    made = in_cache[np.clip(stack, 0, len(in_cache) - 1)] & (stack < len(in_cache))
-    live = (lt.alloc <= event) & ((lt.free < 0) | (lt.free > event))
-    return lt.alloc[made & live].tolist()
 
 
 def serving_measured(cap: Any, tl: Any, doc: dict[str, Any]) -> dict[str, Any] | None:
