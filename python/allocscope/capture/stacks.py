@@ -11,13 +11,24 @@ import numpy as np
 
 __all__ = ["is_library", "site", "stacks_through", "user_frame"]
 
-_LIBRARY = re.compile(r"^<frozen |[/\\](torch|allocscope)[/\\]")
+# Installed packages: the package is the folder right after the last
+# site-packages/dist-packages (a venv may itself live in a folder named
+# torch: /opt/torch/.venv/.../site-packages/transformers/ is transformers').
+_INSTALLED = re.compile(r"[/\\](?:site|dist)-packages[/\\]([^/\\]+)")
+# Elsewhere (a source checkout, an editable install): any folder so named.
+_IN_PLACE = re.compile(r"[/\\](torch|allocscope)[/\\]")
+_LIBRARIES = ("torch", "allocscope")
 
 
 def is_library(filename: str) -> bool:
     """Whether a frame's file is torch's, allocscope's or Python's import
     machinery: not the user's code (the same rule as user_frame's)."""
-    return _LIBRARY.search(filename) is not None
+    if filename.startswith("<frozen "):
+        return True
+    installed = _INSTALLED.findall(filename)
+    if installed:
+        return installed[-1] in _LIBRARIES
+    return _IN_PLACE.search(filename) is not None
 
 
 def user_frame(cap: Any, stack_id: int) -> tuple[str, str, int] | None:
