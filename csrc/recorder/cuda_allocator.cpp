@@ -90,6 +90,10 @@ c10::DeleterFnPtr g_inner_deleter = nullptr;
 // to free a storage: _has_Standard_Deleter); a deleter of ours would answer
 // differently for tensors made before recording, or kept after it.
 bool g_free_traced = false;
+// The native caching allocator reports to our tracker (attached once, for
+// the life of the process): an allocation it made without a trace entry
+// bypassed its cache.
+bool g_tracker_attached = false;
 
 // Blocks used on another stream (recordStream): their free may complete
 // later, so its completion is always recorded. Every other free completes
@@ -309,7 +313,10 @@ class RecordingCUDAAllocator final : public cca::CUDAAllocator {
   }
 
   c10::DeleterFnPtr raw_deleter() const override {
-    if (g_free_traced) return g_inner_deleter;
+    // c10's answer changes with caching_allocator_enable (uncached_delete
+    // while disabled): forwarded, so that a raw_alloc freed by it goes back
+    // the way it came.
+    if (g_free_traced) return inner_->raw_deleter();
     return g_inner_deleter != nullptr ? &delete_fast : nullptr;
   }
 
@@ -489,6 +496,10 @@ class RecordingCUDAAllocator final : public cca::CUDAAllocator {
     if (!g_free_traced) adopt(d, g_inner_deleter, &delete_fast, &delete_boxed);
   }
   static void adopt_result(void*) {}  // raw pointers are freed via raw_delete
+  static void adopt_uncached(c10::DataPtr& d) {
+    if (g_free_traced) adopt(d, nullptr, &delete_fast, &delete_boxed);  // (else adopt_result did)
+  }
+  static void adopt_uncached(void*) {}
 
   // The recorded allocation path shared by allocate, raw_alloc and
   // allocateWithAddress. `stream` is the explicit stream, if any.
@@ -542,7 +553,14 @@ class RecordingCUDAAllocator final : public cca::CUDAAllocator {
     adopt_result(result);
     if (pending.pushed) return result;
     // No trace entry (not the native caching allocator, or uncached mode):
-    // recorded after the call, with the call's stream.
+    // recorded after the call, with the call's stream. From the native
+    // caching allocator (its tracker attached), that is its uncached path
+    // (caching_allocator_enable(False), PYTORCH_NO_CUDA_MEMORY_CACHING): a
+    // cudaMalloc of its own, in no segment, which a replay must not serve;
+    // the ALLOC's block says so (= size, docs/format.md). c10's deleter for
+    // it (uncached_delete) reports no free: the DataPtr is boxed to record it.
+    const bool uncached = g_tracker_attached;
+    if (uncached) adopt_uncached(result);
     int64_t t1 = now_ns();
     c10::DeviceIndex device = device_of(result);
     RawEvent ev;
@@ -552,6 +570,7 @@ class RecordingCUDAAllocator final : public cca::CUDAAllocator {
     push_pool_route(scope, ev, tl.pool);
     ev.kind = format::kAlloc;
     ev.size = n;
+    ev.block = uncached ? n : 0;
     ev.stack = stack;
     ev.op = op.op;
     ev.arg = static_cast<uint64_t>(t1 - t0);
@@ -588,7 +607,6 @@ class RecordingCUDAAllocator final : public cca::CUDAAllocator {
 RecordingCUDAAllocator* g_wrapper = nullptr;  // leaked: its deleters outlive everything
 c10::Allocator* g_registry_before = nullptr;
 uint8_t g_priority = 0;
-bool g_tracker_attached = false;
 
 }  // namespace
 

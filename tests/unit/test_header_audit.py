@@ -14,8 +14,10 @@ INTERFACES = [
     ("c10/core/CachingDeviceAllocator.h", "struct C10_API DeviceAllocator"),
     ("c10/cuda/CUDACachingAllocator.h", "class CUDAAllocator : public DeviceAllocator"),
 ]
-# Implemented by the wrapper on purpose rather than forwarded.
-OWN = {"raw_deleter"}
+# Implemented by the wrapper on purpose rather than forwarded (raw_deleter,
+# which hands out the recorder's deleter, asks the wrapped allocator too: its
+# answer changes with caching_allocator_enable).
+OWN: set[str] = set()
 
 
 def _code(text: str) -> str:

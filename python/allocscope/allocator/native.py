@@ -113,19 +113,21 @@ def inputs(config: AllocatorConfig, segment_order: bool, devices: dict[int, Devi
 
 
 def run(cfg: Any, faithful: bool, synthetic_start: int, setups: list[Any], cap: Capture, deferred: np.ndarray,
-        stream_device: list[int], stream_handle: list[int], targets: list[int], stop_after: int | None
-        ) -> dict[str, Any]:
+        bypassed: np.ndarray, stream_device: list[int], stream_handle: list[int], targets: list[int],
+        stop_after: int | None) -> dict[str, Any]:
     """The native replay's raw result (keys: reserved, allocated, active,
     largest_free, block_sizes, ooms, avoided_ooms, states, devices,
-    final_state, allocations, address_mismatches, unknown_frees)."""
+    final_state, allocations, address_mismatches, unknown_frees). bypassed:
+    per event, not a request of the cache (recorded.bypassed_cache)."""
     mod = analysis()
     assert mod is not None
     ev = cap.events
     col = np.ascontiguousarray
     kind = col(ev.kind, np.uint8)
-    if cap.prefix_events:  # a checkpoint's events: in the state its baseline holds, not requests
+    if cap.prefix_events or bypassed.any():
         kind = kind.copy()
-        kind[:cap.prefix_events] = 0
+        kind[:cap.prefix_events] = 0  # a checkpoint's events: in the state its baseline holds, not requests
+        kind[bypassed] = 0
     return mod.replay(cfg, faithful, synthetic_start, setups, kind, col(ev.addr, np.uint64),
                       col(ev.size, np.uint64), col(ev.block, np.uint64), col(ev.arg, np.uint64),
                       col(ev.stream, np.uint16), col(deferred, np.uint8), stream_device, stream_handle, targets,

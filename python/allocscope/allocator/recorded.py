@@ -22,7 +22,7 @@ from .config import AllocatorConfig, recorded_config
 from ..capture.baselines import baseline_reserved
 from .segments import baseline_segments, pending_blocks
 
-__all__ = ["KIND_NAMES", "Fidelity", "SegmentChecker", "deferred_frees", "end_to_compare", "end_window",
+__all__ = ["KIND_NAMES", "Fidelity", "SegmentChecker", "bypassed_cache", "deferred_frees", "end_to_compare", "end_window",
            "recorded_fraction", "recorded_reserved", "request_at", "settle_end_snapshot"]
 
 KIND_NAMES = {int(EventKind.SEGMENT_ALLOC): SEGMENT_ALLOC, int(EventKind.SEGMENT_FREE): SEGMENT_FREE,
@@ -78,6 +78,24 @@ def deferred_frees(cap: Capture, *, engine: str = "auto") -> np.ndarray:
         last = np.append(ev.addr[order][1:] != ev.addr[order][:-1], True)
         tail = order[last & (k[order] == EventKind.FREE)]
         out[tail[np.isin(ev.addr[tail], np.fromiter(pending_at_end, np.uint64, len(pending_at_end)))]] = True
+    return out
+
+
+def bypassed_cache(cap: Capture) -> np.ndarray:
+    """Per event: an ALLOC that c10 served past its cache (its uncached path:
+    `caching_allocator_enable(False)`, PYTORCH_NO_CUDA_MEMORY_CACHING; a
+    cudaMalloc of its own, in no segment: the recorder gives its ALLOC a
+    block, docs/format.md), and the FREE of it. A replay serves neither."""
+    ev = cap.events
+    k = ev.kind
+    out = (k == EventKind.ALLOC) & (ev.block != 0)
+    if not out.any():
+        return out
+    # At each of their addresses, in sequence order: the FREE right after such an ALLOC is its own.
+    near = np.flatnonzero(((k == EventKind.ALLOC) | (k == EventKind.FREE)) & np.isin(ev.addr, ev.addr[out]))
+    order = near[np.lexsort((ev.seq[near], ev.addr[near]))]
+    pair = (ev.addr[order][1:] == ev.addr[order][:-1]) & out[order][:-1] & (k[order][1:] == EventKind.FREE)
+    out[order[1:][pair]] = True
     return out
 
 

@@ -11,8 +11,7 @@ its final state must equal the end baseline's snapshot. With other settings
 from __future__ import annotations
 
 import bisect
-import dataclasses
-from typing import Any, Iterable
+from typing import Iterable
 
 import numpy as np
 
@@ -24,10 +23,11 @@ from . import native
 from .blocks import SEGMENT_ALLOC, Block, BumpAddresses
 from .config import AllocatorConfig, recorded_config
 from .model import DeviceAllocator, free_block_order
-from .recorded import (KIND_NAMES, Fidelity, SegmentChecker, deferred_frees, device_info, end_to_compare, end_window,
-                       recorded_fraction, recorded_reserved, settings_changes, settle_end_snapshot)
+from .recorded import (KIND_NAMES, Fidelity, SegmentChecker, bypassed_cache, deferred_frees, device_info,
+                       end_to_compare, end_window, recorded_fraction, recorded_reserved, settings_changes,
+                       settle_end_snapshot)
+from .results import OomRecord, Replay, oom_record
 from .segments import SegmentInfo, baseline_segments
-from .sizes import round_size
 from .state import compare_snapshot, load_segments, segments
 
 __all__ = ["NotACudaCapture", "OomRecord", "Replay", "replay"]
@@ -35,67 +35,6 @@ __all__ = ["NotACudaCapture", "OomRecord", "Replay", "replay"]
 
 class NotACudaCapture(InputError):
     """The capture recorded no CUDA allocator (a CPU recording)."""
-
-
-@dataclasses.dataclass
-class OomRecord:
-    """An allocation the (simulated) allocator could not serve."""
-
-    event: int  # capture event index of the request
-    device: int
-    size: int  # requested bytes
-    rounded: int
-    stream: int
-    recorded: bool  # the recording failed here too
-    reserved: int  # after release-and-retry, as torch reports it
-    allocated: int
-    active: int
-    capacity: int | None
-    allowed: int | None
-    segments: list[SegmentInfo]  # the allocator's state when it failed
-
-    def to_json(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d.pop("segments")
-        return d
-
-
-@dataclasses.dataclass
-class Replay:
-    config: AllocatorConfig
-    faithful: bool  # replayed with the settings the capture was recorded with
-    limit: int | None
-    devices: dict[int, DeviceAllocator | native.DeviceCounters]  # native replays keep counters only
-    # After each event (index e + 1; 0 is the start), summed over devices:
-    reserved: np.ndarray
-    allocated: np.ndarray  # bytes of allocated blocks (rounded)
-    active: np.ndarray  # allocated + freed blocks still awaiting another stream
-    largest_free: np.ndarray  # largest cached free block
-    ooms: list[OomRecord]
-    avoided_ooms: list[int]  # recorded OOM requests the model could serve
-    states: dict[int, list[SegmentInfo]]  # the allocator's state after the events asked for
-    fidelity: Fidelity | None
-    warnings: list[str]
-    replayed_until: int = -1  # the last event replayed; the timelines carry its state on
-    # Per event: the size of the block the model handed out for an ALLOC
-    # (rounding and any unsplit remainder included); 0 elsewhere and for
-    # ALLOCs not replayed.
-    block_sizes: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
-
-    @property
-    def peak_reserved(self) -> int:
-        return int(self.reserved.max()) if len(self.reserved) else 0
-
-    def peak_event(self, which: str = "reserved") -> int:
-        return int(np.argmax(getattr(self, which))) - 1
-
-    @property
-    def cached_free(self) -> np.ndarray:
-        return self.reserved - self.active
-
-    def stats(self) -> dict[str, int]:
-        keys = ("num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free", "num_gc_runs")
-        return {k: sum(getattr(d, k) for d in self.devices.values()) for k in keys}
 
 
 def replay(cap: Capture, config: AllocatorConfig | None = None, *, limit: int | None = None,
@@ -174,6 +113,7 @@ class _Run:
         self.live: dict[int, tuple[DeviceAllocator, Block]] = {}
         self.pending: dict[int, tuple[DeviceAllocator, Block]] = {}
         self.deferred = deferred_frees(cap)  # per event: a FREE that waits for another stream
+        self.bypassed = bypassed_cache(cap)  # per event: an ALLOC past the cache (and its FREE): not replayed
         self.ready: list[tuple[int, int]] = []  # FREE_COMPLETED (event, address) awaiting the next request
         self.routed: dict[int, tuple[int, int]] = {}  # POOL_ALLOC: address -> the private pool of its ALLOC
         self.placed: set[int] = set()  # POOL_ALLOC size 1: the next ALLOC there is a checkpoint restore's
@@ -265,7 +205,7 @@ class _Run:
         after: list[tuple[int, int, int, int]] = [self.totals()]
         replayed: list[int] = []
         unknown_frees = 0
-        todo = np.flatnonzero(np.isin(ev.kind, _REQUESTS))
+        todo = np.flatnonzero(np.isin(ev.kind, _REQUESTS) & ~self.bypassed)
         todo = todo[todo >= self.cap.prefix_events]  # a checkpoint's: in the state its baseline holds
         if stop_after is not None:
             todo = todo[todo <= stop_after]
@@ -315,7 +255,7 @@ class _Run:
         for d in sorted({int(x) for x in self.stream_dev.tolist() if x >= 0}):
             self.device(d)  # every device a request can reach, as replay() makes them on first use
         cfg, setups = native.inputs(self.cfg, self.segment_order, self.devices, self.start)
-        out = native.run(cfg, self.faithful, self.synthetic.next, setups, self.cap, self.deferred,
+        out = native.run(cfg, self.faithful, self.synthetic.next, setups, self.cap, self.deferred, self.bypassed,
                          [int(x) for x in self.stream_dev.tolist()], list(self.stream_handle), targets, stop_after)
         devices = {d["device"]: native.DeviceCounters(**d) for d in out["devices"]}
         ooms = [OomRecord(*o[:9], None if o[9] < 0 else o[9], None if o[10] < 0 else o[10],
@@ -442,7 +382,7 @@ class _Run:
         b = dev.malloc_as_recorded(size, self.stream_handle[st], self.routed.pop(addr, None), addr, placed,
                                    self.faithful)
         if dev.num_ooms > before:
-            self.ooms.append(_oom_record(dev, i, size, self.stream_handle[st], False, self.ooms))
+            self.ooms.append(oom_record(dev, i, size, self.stream_handle[st], False, self.ooms))
         self.live[addr] = (dev, b)
         self.block_sizes[i] = b.size
         self.allocs += 1
@@ -471,7 +411,7 @@ class _Run:
         dev.request = i
         b = dev.malloc(want, self.stream_handle[st], self.routed.pop(0, None))
         if b is None:
-            self.ooms.append(_oom_record(dev, i, want, self.stream_handle[st], True, self.ooms))
+            self.ooms.append(oom_record(dev, i, want, self.stream_handle[st], True, self.ooms))
         else:
             self.avoided.append(i)
             dev.free(b)
@@ -489,12 +429,3 @@ class _Run:
             address_mismatches=self.address_mismatches,
             end_snapshot=compare_snapshot(self.snapshot(), baseline_segments(end)) if end else None,
             checked_until=until)
-
-
-def _oom_record(dev: DeviceAllocator, i: int, size: int, stream: int, recorded: bool,
-                earlier: list[OomRecord]) -> OomRecord:
-    # Keep the allocator's state for the first few failures only: a replay
-    # that runs out everywhere would otherwise hold a copy per request.
-    state = segments(dev) if len(earlier) < 3 else []
-    return OomRecord(i, dev.device, size, round_size(size, dev.config.roundup_power2_divisions), stream, recorded,
-                     dev.reserved, dev.allocated, dev.active, dev.capacity, dev.allowed, state)
