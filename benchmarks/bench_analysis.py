@@ -11,6 +11,9 @@ resident memory (VmHWM) is its own, load included:
   html         load + reports.html.write_html
   steps        report --steps 100-120: the partial load (load(through_step=120))
                and the report of those steps; its seconds include the load
+  at_early     report --at "step 5": the partial load (load(at_mark=...)) and
+               the report at that mark; its seconds include the load
+  at_late      the same at the last step's mark
 Times are the stage alone (load subtracted where it is part of the process),
 one run each.
 
@@ -30,7 +33,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from _common import emit, environment  # noqa: E402
 
-STAGES = ("load", "replay", "attribution", "report", "html", "steps")
+STAGES = ("load", "replay", "attribution", "report", "html", "steps", "at_early", "at_late")
 STEPS = (100, 120)  # the steps stage reports on these
 
 
@@ -48,12 +51,13 @@ def _peak_rss_kib() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
-def stage(name: str, path: str) -> dict:
-    """In this process: the stage's seconds (load apart) and peak memory."""
+def stage(name: str, path: str, mark: str | None = None) -> dict:
+    """In this process: the stage's seconds (load apart) and peak memory.
+    mark: the at_ stages' label."""
     import allocscope
 
     t0 = time.perf_counter()
-    cap = allocscope.load(path, through_step=STEPS[1] if name == "steps" else None)
+    cap = allocscope.load(path, through_step=STEPS[1] if name == "steps" else None, at_mark=mark)
     t1 = time.perf_counter()
     if name == "replay":
         from allocscope.allocator.replay import replay
@@ -71,14 +75,19 @@ def stage(name: str, path: str) -> dict:
         from allocscope.reports import build_report
 
         build_report(cap, steps=STEPS)
+    elif name.startswith("at_"):
+        from allocscope.reports import build_report
+
+        build_report(cap, at=mark)
     elif name == "html":
         from allocscope.reports.html import write_html
 
         write_html(cap, os.path.join(os.path.dirname(path), "out.html"))
     t2 = time.perf_counter()
-    seconds = t1 - t0 if name == "load" else t2 - t0 if name == "steps" else t2 - t1
+    partial = name == "steps" or name.startswith("at_")
+    seconds = t1 - t0 if name == "load" else t2 - t0 if partial else t2 - t1
     out = {"load_s": round(t1 - t0, 2), "seconds": round(seconds, 2), "peak_rss_mib": round(_peak_rss_kib() / 1024, 1)}
-    if name == "steps":
+    if partial:
         out["events_read"] = len(cap.events)
     if name == "replay":
         out["exact"] = exact
@@ -89,7 +98,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, nargs="+", default=[1_000_000, 10_000_000])
     parser.add_argument("--out", help="also write the JSON here")
-    parser.add_argument("--stage", nargs=2, help=argparse.SUPPRESS)  # (name, path): one stage, in a child
+    parser.add_argument("--stage", nargs="+", help=argparse.SUPPRESS)  # (name, path[, mark]): one stage, in a child
     args = parser.parse_args()
     if args.stage:
         print(json.dumps(stage(*args.stage)))
@@ -103,9 +112,10 @@ def main():
             info = training_run(path, n)
             events = info.get("events", n)
             row = {"events": events, "capture_mib": round(os.path.getsize(path) / 2**20, 1)}
+            marks = {"at_early": "step 5", "at_late": f"step {info['steps'] - 1}"}
             for name in STAGES:
-                proc = subprocess.run([sys.executable, __file__, "--stage", name, path], capture_output=True,
-                                      text=True)
+                proc = subprocess.run([sys.executable, __file__, "--stage", name, path,
+                                       *([marks[name]] if name in marks else [])], capture_output=True, text=True)
                 if proc.returncode != 0:
                     row[name] = {"error": proc.stderr.strip().splitlines()[-1:]}
                     continue
