@@ -22,8 +22,8 @@ from .config import AllocatorConfig, recorded_config
 from ..capture.baselines import baseline_reserved
 from .segments import baseline_segments, pending_blocks
 
-__all__ = ["KIND_NAMES", "Fidelity", "SegmentChecker", "bypassed_cache", "deferred_frees", "end_to_compare", "end_window",
-           "recorded_fraction", "recorded_reserved", "request_at", "settle_end_snapshot"]
+__all__ = ["KIND_NAMES", "Fidelity", "SegmentChecker", "bypassed_cache", "deferred_frees", "end_to_compare",
+           "end_window", "recorded_fraction", "recorded_reserved", "request_at", "settle_end_snapshot"]
 
 KIND_NAMES = {int(EventKind.SEGMENT_ALLOC): SEGMENT_ALLOC, int(EventKind.SEGMENT_FREE): SEGMENT_FREE,
                int(EventKind.SEGMENT_MAP): SEGMENT_MAP, int(EventKind.SEGMENT_UNMAP): SEGMENT_UNMAP}
