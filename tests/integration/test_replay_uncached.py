@@ -2,8 +2,7 @@
 as PyTorch's own test_cachingAllocator_raw_alloc does): a cudaMalloc of their
 own, in no segment. The recorder marks their ALLOC (block = size), records
 their free although c10's deleter for them reports none, and the replay
-serves neither; the program sees c10's own deleter answers. On the virtual
-GPU, against the recorded segment events (the conformance run found these
+serves neither. On the virtual GPU, against the recorded segment events (the conformance run found these
 captures replayed inexactly)."""
 
 import json
