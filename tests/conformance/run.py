@@ -210,8 +210,8 @@ def run_suite(name: str, tests_dir: str, work: str, timeout: int) -> dict:
         junit = os.path.join(work, f"{name}.{mode}.xml")
         capture = os.path.join(work, f"{name}.{mode}.alsc")
         command = [a.replace("{capture}", capture) for a in prefix] + [
-            sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-o", "addopts=", "-o", "faulthandler_timeout=300",
-            "--tb=no", "--noconftest",
+            sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-o", "addopts=",
+            "-o", "faulthandler_timeout=300", "--tb=no", "--noconftest",
             f"--junitxml={junit}", *[a for name in suite.get("plugins", ()) for a in ("-p", name)],
             *suite["files"], *(["-k", suite["select"]] if suite["select"] else [])]
         # (C++ extensions the tests build, in a folder of this run's: another

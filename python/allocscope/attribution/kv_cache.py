@@ -40,7 +40,8 @@ from ..capture.reader import Capture
 from ..capture.stacks import is_library
 from .lifetimes import lifetimes
 
-__all__ = ["engine_rows", "engine_site", "kv_cache_allocations", "kv_cache_rows", "kv_cache_site", "kv_cache_stacks", "model_calls"]
+__all__ = ["engine_rows", "engine_site", "kv_cache_allocations", "kv_cache_rows", "kv_cache_site", "kv_cache_stacks",
+           "model_calls"]
 
 
 def kv_cache_site(filename: str, function: str) -> bool:
