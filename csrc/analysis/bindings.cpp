@@ -193,6 +193,22 @@ py::array_t<int64_t> py_label_allocs(const py::array_t<uint8_t, py::array::c_sty
   return replay::to_numpy(std::move(out));
 }
 
+py::tuple py_label_winners(const py::array_t<int64_t, py::array::c_style>& row,
+                           const py::array_t<int64_t, py::array::c_style>& priority) {
+  if (row.size() != priority.size()) throw std::invalid_argument("label_winners: columns of different lengths");
+  const int64_t* r = row.data();
+  for (py::ssize_t j = 0; j < row.size(); ++j) {
+    if (r[j] < 0) throw std::invalid_argument("label_winners: rows must be >= 0");
+  }
+  Winners w;
+  {
+    py::gil_scoped_release nogil;
+    w = label_winners(static_cast<size_t>(row.size()), r, priority.data());
+  }
+  py::array_t<uint8_t> last(static_cast<py::ssize_t>(w.last.size()), w.last.data());
+  return py::make_tuple(replay::to_numpy(std::move(w.winners)), last);
+}
+
 py::array_t<uint8_t> py_deferred_frees(const py::array_t<uint8_t, py::array::c_style>& kind,
                                        const py::array_t<uint64_t, py::array::c_style>& addr,
                                        const std::vector<uint64_t>& pending_at_end) {
@@ -322,6 +338,7 @@ PYBIND11_MODULE(_analysis, m) {
         py::arg("columns"), py::arg("at"));
   m.def("lifetimes", &allocscope::pairs::py_lifetimes, py::arg("kind"), py::arg("addr"));
   m.def("label_allocs", &allocscope::pairs::py_label_allocs, py::arg("kind"), py::arg("addr"), py::arg("label_idx"));
+  m.def("label_winners", &allocscope::pairs::py_label_winners, py::arg("row"), py::arg("priority"));
   m.def("deferred_frees", &allocscope::pairs::py_deferred_frees, py::arg("kind"), py::arg("addr"),
         py::arg("pending_at_end"));
   m.def("walk_scopes", &walk_scopes, py::arg("events"), py::arg("threads"), py::arg("symbols"), py::arg("table"),

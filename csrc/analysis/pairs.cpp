@@ -2,6 +2,8 @@
 // for the numpy versions' sort by (address, sequence).
 #include "pairs.h"
 
+#include <algorithm>
+#include <limits>
 #include <unordered_map>
 
 #include "format/format.h"
@@ -50,6 +52,24 @@ std::vector<int64_t> label_allocs(size_t n, const uint8_t* kind, const uint64_t*
       auto it = state.find(addr[i]);
       if (it != state.end()) out[j] = it->second;
     }
+  }
+  return out;
+}
+
+Winners label_winners(size_t n, const int64_t* row, const int64_t* priority) {
+  Winners out;
+  int64_t rows = 0;
+  for (size_t j = 0; j < n; ++j) rows = std::max(rows, row[j] + 1);
+  std::vector<int64_t> best(static_cast<size_t>(rows), std::numeric_limits<int64_t>::max());
+  std::vector<int64_t> at(static_cast<size_t>(rows), -1);  // the row's current winner, among out.winners
+  for (size_t j = 0; j < n; ++j) {
+    size_t r = static_cast<size_t>(row[j]);
+    if (priority[j] >= best[r]) continue;
+    best[r] = priority[j];
+    if (at[r] >= 0) out.last[static_cast<size_t>(at[r])] = 0;
+    at[r] = static_cast<int64_t>(out.winners.size());
+    out.winners.push_back(static_cast<int64_t>(j));
+    out.last.push_back(1);
   }
   return out;
 }

@@ -56,6 +56,8 @@ def lifetimes(kind: np.ndarray, addr: np.ndarray) -> tuple[np.ndarray, np.ndarra
     """(allocs, their frees or -1, unmatched frees, double allocs), events in sequence order."""
 def label_allocs(kind: np.ndarray, addr: np.ndarray, label_idx: np.ndarray) -> np.ndarray:
     """Per label event (increasing indices): the ALLOC position open at its address, -1 freed, -2 none before."""
+def label_winners(row: np.ndarray, priority: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(labels that beat every earlier label of their row, in event order; whether each is its row's last)."""
 def deferred_frees(kind: np.ndarray, addr: np.ndarray, pending_at_end: list[int]) -> np.ndarray:
     """Per event (uint8): a FREE that waited for another stream."""
 def decode_events(payload: Any, version: int, columns: dict[str, np.ndarray], at: int) -> tuple[int, int]:

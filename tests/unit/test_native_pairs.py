@@ -2,7 +2,8 @@
 csrc/analysis/pairs.cpp) against the numpy versions it replaces (the reference):
 lifetimes (each ALLOC's FREE, unmatched frees, double allocations),
 deferred_frees (frees that waited for another stream) and the rows tensor
-labels name (attribution's _join_labels), on every fixture and on generated
+labels name (attribution's join_labels) and the labels that decide a row's
+meaning (label_winners), on every fixture and on generated
 event streams with repeated, unbalanced and interleaved addresses, memory
 from before recording, and blocks still pending at the end."""
 
@@ -21,7 +22,8 @@ from allocscope.capture.format import EventKind as K
 from allocscope.common.native import analysis
 from allocscope.allocator.recorded import deferred_frees
 from allocscope.allocator.segments import baseline_blocks
-from allocscope.attribution.categories import _join_labels, _Rows
+from allocscope.attribution.categories import _label_winners
+from allocscope.attribution.rows import Rows, join_labels
 from allocscope.attribution.lifetimes import lifetimes
 from allocscope.capture.format import TENSOR_LABELS
 from allocscope.capture.reader import Events
@@ -96,7 +98,7 @@ _LABELS = [int(k) for k in TENSOR_LABELS]
 
 
 class _Events:
-    """What _Rows and _join_labels read of a capture."""
+    """What Rows and join_labels read of a capture."""
 
     def __init__(self, events):
         self.events = events
@@ -106,12 +108,12 @@ def joined_labels(cap, older, engine):
     """(each label's row, the rows' addresses and ends, warnings) as attribute() makes them:
     the recorded rows, rows of older memory at `older` addresses, then the labels."""
     ev = cap.events
-    rows = _Rows(cap, len(ev), None)
+    rows = Rows(cap, len(ev), None)
     if older:
         rows.add_older(older, [512] * len(older), None, [rows.free_after(a, -1) for a in older], 0)
     label_idx = np.flatnonzero(np.isin(ev.kind, _LABELS))
     warnings = []
-    label_rows = _join_labels(ev, rows, label_idx, "cuda", warnings, engine=engine)
+    label_rows = join_labels(ev, rows, label_idx, "cuda", warnings, engine=engine)
     return label_rows.tolist(), rows.column("addr").tolist(), rows.column("end").tolist(), warnings
 
 
@@ -137,3 +139,22 @@ def test_generated_streams_join_their_labels_the_same_natively(stream, older):
     cap = _Events(events)
     addrs = sorted(base + 512 * a for a in older)
     assert joined_labels(cap, addrs, "numpy") == joined_labels(cap, addrs, "native")
+
+
+def label_winners(row, priority, engine):
+    winners, last = _label_winners(np.array(row, np.int64), np.array(priority, np.int64), engine)
+    return winners.tolist(), last.tolist()
+
+
+def test_a_label_wins_its_row_until_one_of_higher_priority_comes():
+    # rows 0 and 1 interleaved; lower priority wins, the first of equal priority stays
+    row, priority = [0, 1, 0, 0, 1, 0], [3, 2, 3, 1, 2, 0]
+    for engine in ("numpy", "native"):
+        assert label_winners(row, priority, engine) == ([0, 1, 3, 5], [False, True, False, True])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 8), st.integers(0, len(TENSOR_LABELS))), max_size=200))
+def test_generated_labels_elect_the_same_winners_natively(labels):
+    row, priority = [r for r, _ in labels], [p for _, p in labels]
+    assert label_winners(row, priority, "numpy") == label_winners(row, priority, "native")

@@ -55,15 +55,19 @@ def round_size(size: int, divisions: Sequence[int] = ()) -> int:
 
 
 def round_sizes(sizes: np.ndarray, divisions: Sequence[int] = ()) -> np.ndarray:
-    """round_size of every element (int64). Captures repeat a few sizes many
-    times, so the rule runs once per distinct size."""
+    """round_size of every element (int64). The 512-byte rule is computed
+    for all at once; where the table divides a bucket, round_size runs once
+    per distinct size that may fall in it (captures repeat a few sizes)."""
     s = np.asarray(sizes, dtype=np.int64)
-    if not len(s):
-        return s.copy()
+    out = np.maximum((s + MIN_BLOCK - 1) // MIN_BLOCK * MIN_BLOCK, MIN_BLOCK)
     table = tuple(int(d) for d in divisions)
-    uniq, inverse = np.unique(s, return_inverse=True)
+    if not len(s) or max(table, default=0) <= 1:
+        return out
+    divided = np.flatnonzero(s > MIN_BLOCK * 2)  # (a division needs d > 1 and size > 512 * d)
+    uniq, inverse = np.unique(s[divided], return_inverse=True)
     rounded = np.fromiter((round_size(int(v), table) for v in uniq.tolist()), np.int64, len(uniq))
-    return rounded[np.asarray(inverse).reshape(-1)]
+    out[divided] = rounded[np.asarray(inverse).reshape(-1)]
+    return out
 
 
 def allocation_size(size: int, large_segment_size: int = LARGE_BUFFER) -> int:

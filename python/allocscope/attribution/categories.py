@@ -29,7 +29,6 @@ The rules are written down in docs/attribution.md; in short:
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import functools
 import json
@@ -41,11 +40,13 @@ from ..allocator.segments import baseline_blocks
 from ..allocator.sizes import round_sizes
 from ..capture.format import MODULE_LEAF, TENSOR_LABELS, EventKind
 from ..capture.reader import Capture
-from .lifetimes import allocated_first, lifetimes
-from .resumed import put_back
 from ..common.native import analysis_for
+from .lifetimes import allocated_first
+from .resumed import put_back
+from ..common.arrays import factorize, first_index
 from .kv_cache import engine_rows, kv_cache_rows
 from .workspaces import cublas_workspaces, library_workspaces
+from .rows import Rows, join_labels
 from .scopes import module_scopes
 
 __all__ = ["CATEGORIES", "PHASES", "Attribution", "attribute", "module_label"]
@@ -177,162 +178,6 @@ def _label_module(kind: int, name: str) -> str:
     return name.rsplit(".", 1)[0] if "." in name else name
 
 
-class _Rows:
-    """The rows' columns, built in parts: recorded allocations, then memory
-    from before recording (the start baseline's blocks, labelled addresses)."""
-
-    COLUMNS = ("addr", "size", "block", "start", "end", "stack", "op", "thread", "device")
-
-    def __init__(self, cap: Capture, n: int, block_sizes: np.ndarray | None):
-        ev = cap.events
-        lt = lifetimes(ev)
-        self.n = n
-        blocks = ev.block if block_sizes is None else block_sizes
-        self.parts: dict[str, list[np.ndarray]] = {
-            "addr": [ev.addr[lt.alloc].astype(np.uint64)], "size": [ev.size[lt.alloc].astype(np.int64)],
-            "block": [blocks[lt.alloc].astype(np.int64)], "start": [lt.alloc.astype(np.int64)],
-            "end": [np.where(lt.free >= 0, lt.free, n).astype(np.int64)],
-            "stack": [ev.stack[lt.alloc].astype(np.int64)], "op": [ev.op[lt.alloc].astype(np.int64)],
-            "thread": [ev.thread[lt.alloc].astype(np.int64)], "device": [ev.device[lt.alloc].astype(np.int64)]}
-        self.unmatched_frees_at: dict[int, list[int]] = {}  # address -> FREEs of memory from before recording
-        for i in lt.unmatched_frees.tolist():
-            self.unmatched_frees_at.setdefault(int(ev.addr[i]), []).append(i)
-
-    def free_after(self, a: int, index: int) -> int:
-        """The first FREE of older memory at address a after event index (n: none)."""
-        frees = self.unmatched_frees_at.get(a, ())
-        k = bisect.bisect_right(frees, index)
-        return frees[k] if k < len(frees) else self.n
-
-    def add_older(self, addr: list[int], size: list[int], block: list[int] | None, end: list[int],
-                  device: list[int] | int) -> None:
-        """Rows of memory that existed before recording (live from the start)."""
-        k = len(addr)
-        new = {"addr": np.array(addr, np.uint64), "size": np.array(size, np.int64),
-               "block": np.array(block, np.int64) if block is not None else np.zeros(k, np.int64),
-               "start": np.full(k, -1, np.int64), "end": np.array(end, np.int64), "stack": np.zeros(k, np.int64),
-               "op": np.zeros(k, np.int64), "thread": np.zeros(k, np.int64),
-               "device": np.array(device, np.int64) if isinstance(device, list) else np.full(k, device, np.int64)}
-        for c in self.COLUMNS:
-            self.parts[c].append(new[c])
-
-    def column(self, name: str) -> np.ndarray:
-        parts = self.parts[name]
-        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
-
-    def __len__(self) -> int:
-        return sum(len(p) for p in self.parts["addr"])
-
-
-def _join_labels(ev: Any, rows: _Rows, label_idx: np.ndarray, device_type: str, warnings: list[str],
-                 engine: str = "auto") -> np.ndarray:
-    """The row each tensor label (events label_idx) names, -1 for none: the
-    row live at its address when it was written (of the rows there, the one
-    that started last at or before it), or a new row of memory from before
-    recording where nothing recorded was there yet. engine: "native" (one
-    pass with a hash map, allocscope._analysis.label_allocs), "numpy" (the
-    reference, by sorts) or "auto" (native where built and the events are in
-    sequence order, as lifetimes() takes them)."""
-    label_rows = np.full(len(label_idx), -1, np.int64)
-    if not len(label_idx):
-        return label_rows
-    A, ST, EN = rows.column("addr"), rows.column("start"), rows.column("end")
-    la = ev.addr[label_idx].astype(np.uint64)
-    fast = analysis_for(engine, "numpy")
-    if fast is not None and (engine == "native" or ev.in_sequence_order()):
-        found, live = _label_rows_native(fast, ev, rows, label_idx, label_rows, A, EN)
-    else:
-        found, live = _label_rows_numpy(label_idx, label_rows, la, A, ST, EN)
-    return _older_labels(ev, rows, label_idx, label_rows, la, A, found, live, device_type, warnings)
-
-
-def _label_rows_native(fast: Any, ev: Any, rows: _Rows, label_idx: np.ndarray, label_rows: np.ndarray,
-                       A: np.ndarray, EN: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """_label_rows_numpy's (found, live), from one pass over the events:
-    recorded rows are the ALLOCs in event order (_Rows), so the position of
-    the ALLOC open at a label's address is its row; where none came before,
-    a row of memory from before recording there (start -1) is the candidate."""
-    pos = fast.label_allocs(np.ascontiguousarray(ev.kind, np.uint8), np.ascontiguousarray(ev.addr, np.uint64),
-                            np.ascontiguousarray(label_idx, np.int64))
-    open_ = pos >= 0
-    label_rows[open_] = pos[open_]
-    found, live = pos != -2, open_.copy()
-    recorded = len(rows.parts["start"][0])
-    older = {int(a): r for r, a in enumerate(A[recorded:].tolist(), start=recorded)}
-    for j in np.flatnonzero(pos == -2).tolist():
-        r = older.get(int(ev.addr[label_idx[j]]))
-        if r is not None:
-            found[j] = True
-            if EN[r] > label_idx[j]:
-                live[j], label_rows[j] = True, r
-    return found, live
-
-
-def _label_rows_numpy(label_idx: np.ndarray, label_rows: np.ndarray, la: np.ndarray, A: np.ndarray,
-                      ST: np.ndarray, EN: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(found, live) per label: a row at its address started at or before it,
-    and that row still live; label_rows gets the live ones' rows."""
-    none = np.zeros(len(label_idx), bool)
-    if not len(A):  # no rows at all (a recording that allocated nothing)
-        return none, none.copy()
-    # One sorted key per (address, start) over the rows at labelled addresses;
-    # a label's key (address, its index) finds the last row started by then.
-    uniq = np.unique(la)
-    # The rows at labelled addresses, and their address's rank: one binary
-    # search per row (np.isin sorted every row with the labels: 1.3 s of a
-    # late step's report on 3.9M rows).
-    rank = np.searchsorted(uniq, A)
-    there = rank < len(uniq)
-    there[there] = uniq[rank[there]] == A[there]
-    sel = np.flatnonzero(there)
-    if not len(sel):  # no row at any labelled address (memory from before recording, on the CPU)
-        return none, none.copy()
-    row_addr = rank[sel]
-    span = int(max(ST.max(initial=-1), label_idx.max())) + 2
-    order = np.lexsort((sel, EN[sel], ST[sel], row_addr))
-    row_keys = row_addr[order] * span + (ST[sel][order] + 1)
-    label_addr = np.searchsorted(uniq, la)
-    pos = np.searchsorted(row_keys, label_addr * span + (label_idx.astype(np.int64) + 1), side="right") - 1
-    found = pos >= 0
-    found[found] = row_addr[order][pos[found]] == label_addr[found]  # a row there started at or before it
-    cand = np.where(found, sel[order][np.maximum(pos, 0)], 0)
-    live = found & (EN[cand] > label_idx)
-    label_rows[live] = cand[live]
-    return found, live
-
-
-def _older_labels(ev: Any, rows: _Rows, label_idx: np.ndarray, label_rows: np.ndarray, la: np.ndarray,
-                  A: np.ndarray, found: np.ndarray, live: np.ndarray, device_type: str,
-                  warnings: list[str]) -> np.ndarray:
-    """Labels with no row at their address yet: rows of memory from before
-    recording, made here; the labels no row explains, counted in a warning."""
-    # Labels with no row there yet name memory from before recording (one
-    # new row per address, live until its first recorded free); the others
-    # name memory already freed.
-    extra: list[tuple[int, int, int]] = []  # (addr, size, end)
-    extra_at: dict[int, tuple[int, int]] = {}  # address -> (end, row)
-    unmatched = 0
-    for j in np.flatnonzero(~live & ~found).tolist():
-        a, i = int(la[j]), int(label_idx[j])
-        have = extra_at.get(a)
-        if have is None:
-            e = rows.free_after(a, i)
-            have = extra_at[a] = (e, len(A) + len(extra))
-            extra.append((a, int(ev.size[i]), e))
-        if have[0] > i:
-            label_rows[j] = have[1]
-        else:
-            unmatched += 1
-    unmatched += int(np.count_nonzero(found & ~live))
-    if unmatched:
-        warnings.append(f"{unmatched} tensor labels name no live allocation (memory from outside "
-                        "the recorded allocators, or events lost)")
-    if extra:
-        rows.add_older([a for a, _, _ in extra], [s for _, s, _ in extra], None, [e for _, _, e in extra],
-                       -1 if device_type == "cpu" else 0)
-    return label_rows
-
-
 def _label_meaning(cap: Capture, label_idx: np.ndarray, label_rows: np.ndarray, n_rows: int,
                    names: _Names) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(category, label, module) per row from its highest-priority label
@@ -346,34 +191,47 @@ def _label_meaning(cap: Capture, label_idx: np.ndarray, label_rows: np.ndarray, 
         return category, label, module
     kinds = ev.kind[label_idx[js]].astype(np.int64)
     sids = ev.arg[label_idx[js]].astype(np.int64)
-    prio = _PRIORITY_OF[kinds]
     r = label_rows[js]
     # The labels that beat every earlier label of their row, in event order:
     # their names are registered in that order (names' ids are stable).
-    by_row = np.lexsort((js, r))
-    group = np.concatenate(([0], np.cumsum(r[by_row][1:] != r[by_row][:-1])))
-    running = np.minimum.accumulate(prio[by_row] - group * (len(TENSOR_LABELS) + 1))
-    before = np.concatenate(([np.iinfo(np.int64).max], running[:-1]))
-    first = np.concatenate(([True], group[1:] != group[:-1]))
-    beats = first | (prio[by_row] - group * (len(TENSOR_LABELS) + 1) < before)
-    winners = np.sort(by_row[beats])  # positions in js, event order
-    pair = kinds * (1 << 40) + sids
-    _, first_seen = np.unique(pair[winners], return_index=True)
-    meaning: dict[int, tuple[int, int, int]] = {}  # (kind, string id) -> category, label, module
-    for w in winners[np.sort(first_seen)].tolist():
-        k, sid = int(kinds[w]), int(sids[w])
+    winners, last = _label_winners(r, _PRIORITY_OF[kinds])
+    width = int(sids.max()) + 1
+    keys, key_of = factorize(kinds[winners] * width + sids[winners])  # each winner's (kind, string id)
+    meaning = np.zeros((len(keys), 3), np.int64)  # per key: category, label, module
+    for u in np.argsort(first_index(key_of, len(keys)), kind="stable").tolist():  # in order of first sight
+        k, sid = divmod(int(keys[u]), width)
         text = strings[sid] if sid < len(strings) else "?"
-        meaning[int(pair[w])] = (_CAT[_LABEL_CATEGORY[EventKind(k)]],
-                                 names(text) if k != EventKind.ACTIVATION else -1, names(_label_module(k, text)))
+        meaning[u] = (_CAT[_LABEL_CATEGORY[EventKind(k)]], names(text) if k != EventKind.ACTIVATION else -1,
+                      names(_label_module(k, text)))
     # Each row's final winner: its last label that beat the earlier ones.
-    win_rows = r[winners]
-    order = np.lexsort((winners, win_rows))
-    is_last = np.concatenate((win_rows[order][1:] != win_rows[order][:-1], [True]))
-    best = winners[order][is_last]
-    keys = np.array(sorted(meaning), np.int64)
-    table = np.array([meaning[int(k)] for k in keys], np.int64).reshape(-1, 3)[np.searchsorted(keys, pair[best])]
-    category[r[best]], label[r[best]], module[r[best]] = table[:, 0], table[:, 1], table[:, 2]
+    best = r[winners[last]]
+    category[best], label[best], module[best] = meaning[key_of[last]].T
     return category, label, module
+
+
+def _label_winners(row: np.ndarray, priority: np.ndarray, engine: str = "auto") -> tuple[np.ndarray, np.ndarray]:
+    """Of labels in event order (their rows, their priorities: lower wins),
+    those that beat every earlier label of their row (the first of equal
+    priority stays), in event order, and whether each is its row's last.
+    engine: "native" (one pass, allocscope._analysis.label_winners), "numpy"
+    (the reference, by a sort) or "auto"."""
+    fast = analysis_for(engine, "numpy")
+    if fast is not None:
+        winners, last = fast.label_winners(np.ascontiguousarray(row, np.int64),
+                                           np.ascontiguousarray(priority, np.int64))
+        return winners, last.astype(bool)
+    if not len(row):
+        return np.zeros(0, np.int64), np.zeros(0, bool)
+    by_row = np.argsort(row, kind="stable")
+    group = np.concatenate(([0], np.cumsum(row[by_row][1:] != row[by_row][:-1])))
+    shifted = priority[by_row] - group * (int(priority.max(initial=0)) + 1)  # rows apart, in row order
+    before = np.concatenate(([np.iinfo(np.int64).max], np.minimum.accumulate(shifted)[:-1]))
+    first = np.concatenate(([True], group[1:] != group[:-1]))
+    winners = np.sort(by_row[first | (shifted < before)])
+    order = np.argsort(row[winners], kind="stable")
+    last = np.zeros(len(winners), bool)
+    last[order[np.concatenate((row[winners][order][1:] != row[winners][order][:-1], [True]))]] = True
+    return winners, last
 
 
 def _phase_rule(p_idx: np.ndarray, phase_code: np.ndarray, p_iter: np.ndarray, start: np.ndarray, end: np.ndarray,
@@ -417,7 +275,7 @@ def attribute(cap: Capture, block_sizes: np.ndarray | None = None) -> Attributio
         return strings[sid] if sid < len(strings) else "?"
 
     # ---- rows: recorded allocations, then memory from before recording
-    rows = _Rows(cap, n, block_sizes)
+    rows = Rows(cap, n, block_sizes)
     base = cap.baseline("start") if device_type == "cuda" else None
     if base is not None and base.get("segments") is not None:
         pre = sorted(baseline_blocks(base).items())
@@ -431,7 +289,7 @@ def attribute(cap: Capture, block_sizes: np.ndarray | None = None) -> Attributio
         rows.add_older([a for a, _ in pre], [r for _, (_, r, _) in pre], [b for _, (b, _, _) in pre],
                        [rows.free_after(a, -1) for a, _ in pre], [d for _, (_, _, d) in pre])
     label_idx = np.flatnonzero(np.isin(ev.kind, [int(k) for k in TENSOR_LABELS]))
-    label_rows = _join_labels(ev, rows, label_idx, device_type, warnings)
+    label_rows = join_labels(ev, rows, label_idx, device_type, warnings)
     A, S, B, ST, EN = (rows.column(c) for c in ("addr", "size", "block", "start", "end"))
 
     # ---- labels: category and name by priority, then the phase rule for the rest
@@ -474,7 +332,8 @@ def attribute(cap: Capture, block_sizes: np.ndarray | None = None) -> Attributio
         # A block is never smaller than its rounded request; only requests
         # of unknown size (0, in some baselines) would round above it.
         unknown = B <= 0
-        R = np.where(unknown, round_sizes(S, divisions), np.minimum(round_sizes(S, divisions), B))
+        rounded = round_sizes(S, divisions)
+        R = np.where(unknown, rounded, np.minimum(rounded, B))
         blocks_exact = not bool(unknown.any())
         B[unknown] = R[unknown]
     else:

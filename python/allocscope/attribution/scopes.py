@@ -11,6 +11,7 @@ import numpy as np
 
 from ..capture.format import MODULE_BACKWARD, MODULE_RESTORED, EventKind
 from ..capture.reader import Capture
+from ..common.arrays import factorize, first_index
 from ..common.native import analysis_for
 
 __all__ = ["module_scopes", "walk_python"]
@@ -51,7 +52,8 @@ def _symbols(cap: Capture, names: Any, idx: np.ndarray) -> tuple[np.ndarray, lis
     ev = cap.events
     kinds = ev.kind[idx]
     scope = np.flatnonzero(kinds != EventKind.PHASE)
-    uniq, first, inverse = np.unique(ev.arg[idx[scope]], return_index=True, return_inverse=True)
+    uniq, inverse = factorize(ev.arg[idx[scope]])
+    first = first_index(inverse, len(uniq))
     strings = cap.strings
     name_ids = np.zeros(len(uniq), np.int64)
     for u in np.argsort(first, kind="stable").tolist():
@@ -60,11 +62,10 @@ def _symbols(cap: Capture, names: Any, idx: np.ndarray) -> tuple[np.ndarray, lis
     flags = ev.addr[idx[scope]]
     backward = (flags & MODULE_BACKWARD != 0).astype(np.int64)
     restored = (flags & MODULE_RESTORED != 0).astype(np.int64)
-    code = ((name_ids[np.asarray(inverse).reshape(-1)] * 2 + restored) * 2 + backward) * 2 \
-        + (kinds[scope] == EventKind.MODULE_ENTER)
-    symbols, sym = np.unique(code, return_inverse=True)
+    code = ((name_ids[inverse] * 2 + restored) * 2 + backward) * 2 + (kinds[scope] == EventKind.MODULE_ENTER)
+    symbols, sym = factorize(code)
     symbol_of = np.full(len(idx), -1, np.int64)
-    symbol_of[scope] = np.asarray(sym).reshape(-1)
+    symbol_of[scope] = sym
     return symbol_of, [(bool(c & 1), int(c >> 3), bool(c >> 1 & 1), bool(c >> 2 & 1)) for c in symbols.tolist()]
 
 

@@ -15,6 +15,7 @@ import numpy as np
 from ..allocator.recorded import recorded_reserved
 from ..capture.reader import Capture
 from ..capture.stacks import site
+from ..common.arrays import factorize
 from .categories import CATEGORIES, Attribution
 from .ops import op_names
 
@@ -94,18 +95,6 @@ def timeline(att: Attribution, reserved: np.ndarray | None = None) -> Timeline:
     return Timeline(live_series(att, att.size), live_series(att, att.block), reserved)
 
 
-def _factorize(values: np.ndarray) -> tuple[np.ndarray, int]:
-    """(code of each value, number of distinct values), codes in value order.
-    Small non-negative integers (ids) are counted, not sorted."""
-    if len(values) and values.min() >= 0 and values.max() < 4 * len(values) + (1 << 20):
-        present = np.zeros(int(values.max()) + 1, bool)
-        present[values] = True
-        mapping = np.cumsum(present) - 1
-        return mapping[values], int(mapping[-1]) + 1
-    uniq, inverse = np.unique(values, return_inverse=True)
-    return np.asarray(inverse, np.int64).reshape(-1), len(uniq)
-
-
 def _labelled(keys: np.ndarray, name_of: Any) -> tuple[np.ndarray, list[str]]:
     """(code per row, labels): name_of(unique key row) names each distinct
     key; keys with the same name share a code."""
@@ -115,8 +104,9 @@ def _labelled(keys: np.ndarray, name_of: Any) -> tuple[np.ndarray, list[str]]:
     # without its row-wise sort: each column factorised in turn.
     code, m = np.zeros(len(keys), np.int64), 1
     for c in range(keys.shape[1]):
-        inv, k = _factorize(keys[:, c])
-        code, m = _factorize(code * k + inv)
+        column, inv = factorize(keys[:, c])
+        combined, code = factorize(code * len(column) + inv)
+        m = len(combined)
     first = np.empty(m, np.int64)
     first[code] = np.arange(len(code))  # a row of each key (any: they are equal)
     index: dict[str, int] = {}
@@ -246,24 +236,27 @@ def iterations(att: Attribution, tl: Timeline) -> list[dict[str, Any]]:
     # starts[-1] is the tail after the last optimizer step, starts[-2] the last complete iteration.
     leaked = retained & ~persistent & (owner < k - 2)
     leaked_bytes = np.bincount(owner[leaked], weights=att.size[leaked], minlength=k).astype(np.int64)
-    # Each iteration's peak: positions s+1..e of the timeline (after events s..e-1).
-    window_peak = np.maximum.reduceat(tl.allocated[1:], np.minimum(starts, n - 1)) if n else np.zeros(k, np.int64)
-    out = []
-    for j in range(k):
-        s, e = int(starts[j]), int(ends[j])
-        if e > s:
-            peak_bytes = int(window_peak[j])
-            p = s + int(np.argmax(tl.allocated[s + 1:e + 1] == peak_bytes))
-        else:
-            p, peak_bytes = s, int(tl.allocated[s + 1])
-        out.append({
-            "iteration": int(keys[j]), "first_event": s, "last_event": e - 1,
-            "start_ns": relative_time(att.capture, s), "end_ns": relative_time(att.capture, e - 1),
-            "peak_allocated_bytes": peak_bytes, "peak_time_ns": relative_time(att.capture, p),
-            "allocated_at_start_bytes": int(tl.allocated[s]), "allocated_at_end_bytes": int(tl.allocated[e]),
-            "growth_bytes": int(tl.allocated[e] - tl.allocated[s]),
-            "retained_bytes": int(retained_bytes[j]), "leaked_bytes": int(leaked_bytes[j]),
-        })
+    # Each iteration's peak: positions s+1..e of the timeline (after events
+    # s..e-1; the iterations tile the events from the first), and the first
+    # event after which it was reached.
+    allocated = tl.allocated
+    window_peak = np.maximum.reduceat(allocated[1:], starts)
+    peak_of_event = np.full(n, -1, np.int64)
+    peak_of_event[starts[0]:] = np.repeat(window_peak, ends - starts)
+    at_peak = np.flatnonzero(allocated[1:] == peak_of_event)
+    peak_event = at_peak[np.searchsorted(at_peak, starts)]
+    ev = att.capture.events
+    t0 = int(att.capture.metadata.get("start_monotonic_ns") or ev.time_ns[0])
+
+    def time_ns(events: np.ndarray) -> np.ndarray:  # relative_time of each
+        return np.maximum(ev.time_ns[events].astype(np.int64) - t0, 0)
+
+    columns = {"iteration": keys, "first_event": starts, "last_event": ends - 1,
+               "start_ns": time_ns(starts), "end_ns": time_ns(ends - 1), "peak_allocated_bytes": window_peak,
+               "peak_time_ns": time_ns(peak_event), "allocated_at_start_bytes": allocated[starts],
+               "allocated_at_end_bytes": allocated[ends], "growth_bytes": allocated[ends] - allocated[starts],
+               "retained_bytes": retained_bytes, "leaked_bytes": leaked_bytes}
+    out = [dict(zip(columns, row)) for row in zip(*(np.asarray(c, np.int64).tolist() for c in columns.values()))]
     return out
 
 
