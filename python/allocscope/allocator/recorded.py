@@ -154,15 +154,17 @@ def recorded_reserved(cap: Capture, device: int | None = None) -> np.ndarray:
     """Bytes the caching allocator held after each event (index e + 1; 0 is
     the start), from the start baseline and the recorded segment events."""
     ev = cap.events
-    sign = np.zeros(len(ev), np.int64)
-    sign[(ev.kind == EventKind.SEGMENT_ALLOC) | (ev.kind == EventKind.SEGMENT_MAP)] = 1
-    sign[(ev.kind == EventKind.SEGMENT_FREE) | (ev.kind == EventKind.SEGMENT_UNMAP)] = -1
+    grows = (ev.kind == EventKind.SEGMENT_ALLOC) | (ev.kind == EventKind.SEGMENT_MAP)
+    at = np.flatnonzero(grows | (ev.kind == EventKind.SEGMENT_FREE) | (ev.kind == EventKind.SEGMENT_UNMAP))
     if device is not None:
         stream_dev = np.array([s.device for s in cap.streams] or [-2], np.int64)
-        sign[stream_dev[ev.stream] != device] = 0
-    out = np.zeros(len(ev) + 1, np.int64)
+        at = at[stream_dev[ev.stream[at]] == device]
+    delta = np.zeros(len(ev), np.int64)  # (segment events are few: the sizes of the others are not read)
+    delta[at] = np.where(grows[at], 1, -1) * ev.size[at].astype(np.int64)
+    out = np.empty(len(ev) + 1, np.int64)
     out[0] = baseline_reserved(cap.baseline("start"), device)
-    out[1:] = out[0] + np.cumsum(sign * ev.size.astype(np.int64))
+    np.cumsum(delta, out=out[1:])
+    out[1:] += out[0]
     return out
 
 
