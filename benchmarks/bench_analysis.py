@@ -15,7 +15,9 @@ resident memory (VmHWM) is its own, load included:
                the report at that mark; its seconds include the load
   at_late      the same at the last step's mark
 Times are the stage alone (load subtracted where it is part of the process),
-one run each.
+one run each: wall seconds, and the CPU's user and system seconds (system
+time, mostly fresh memory mapped in, moves by tens of percent from run to
+run on the virtual machines this runs on; user time is steadier).
 
     python benchmarks/bench_analysis.py [--events 1000000 10000000] [--out FILE]
 """
@@ -56,9 +58,11 @@ def stage(name: str, path: str, mark: str | None = None) -> dict:
     mark: the at_ stages' label."""
     import allocscope
 
+    times0 = os.times()
     t0 = time.perf_counter()
     cap = allocscope.load(path, through_step=STEPS[1] if name == "steps" else None, at_mark=mark)
     t1 = time.perf_counter()
+    times1 = os.times()
     if name == "replay":
         from allocscope.allocator.replay import replay
 
@@ -84,9 +88,16 @@ def stage(name: str, path: str, mark: str | None = None) -> dict:
 
         write_html(cap, os.path.join(os.path.dirname(path), "out.html"))
     t2 = time.perf_counter()
+    times2 = os.times()
     partial = name == "steps" or name.startswith("at_")
     seconds = t1 - t0 if name == "load" else t2 - t0 if partial else t2 - t1
     out = {"load_s": round(t1 - t0, 2), "seconds": round(seconds, 2), "peak_rss_mib": round(_peak_rss_kib() / 1024, 1)}
+    # CPU time, as the seconds count: user (the analysis's own work) and
+    # system (mostly the kernel mapping fresh memory, which moves by tens of
+    # percent from run to run on these virtual machines)
+    first = times0 if name == "load" or partial else times1
+    out["user_s"] = round(times2.user - first.user, 2)
+    out["system_s"] = round(times2.system - first.system, 2)
     if partial:
         out["events_read"] = len(cap.events)
     if name == "replay":
