@@ -32,7 +32,10 @@ run fails where a test differs or a replay does not follow. Tests that fail in e
 against the installed torch; kernels compute nothing on a virtual GPU)
 are no difference: each is explained once, with its reason, in
 known_failures.txt (fnmatch patterns by suite); the document counts them by
-reason and lists those it does not explain.
+reason and lists those it does not explain. A test that takes the whole
+process down on some torch, allocscope off too, is run by no mode there:
+deselected.txt says which, on which torches, and why (the document lists
+them).
 
     python tests/conformance/run.py [--suite autograd] [--out FILE] [--keep DIR]
 """
@@ -138,6 +141,20 @@ def fetch(version: str) -> str:
 
 _VARYING = re.compile(r"0x[0-9a-fA-F]+|\d+(\.\d+)?")
 KNOWN_FAILURES = os.path.join(HERE, "known_failures.txt")
+DESELECTED = os.path.join(HERE, "deselected.txt")
+
+
+def deselected(suite: str, torch_version: str, path: str = DESELECTED) -> dict[str, str]:
+    """{test node id: reason} for the tests of `suite` no mode runs on this
+    torch (deselected.txt: they take the process down, allocscope off too)."""
+    out = {}
+    with open(path) as f:
+        for line in f:
+            if line.strip() and not line.startswith("#"):
+                suites, test, versions, reason = line.rstrip("\n").split("\t")
+                if fnmatch.fnmatchcase(suite, suites) and fnmatch.fnmatchcase(torch_version, versions):
+                    out[test] = reason
+    return out
 
 
 def known_failures(path: str = KNOWN_FAILURES) -> list[tuple[str, str, str]]:
@@ -202,10 +219,11 @@ def replays(capture: str) -> dict[str, object]:
     return out
 
 
-def run_suite(name: str, tests_dir: str, work: str, timeout: int) -> dict:
+def run_suite(name: str, tests_dir: str, work: str, timeout: int, torch_version: str) -> dict:
     suite = SUITES[name]
     per_mode: dict[str, dict[str, tuple[str, str]]] = {}
-    doc: dict = {"files": suite["files"], "select": suite["select"], "modes": {}}
+    left_out = deselected(name, torch_version)
+    doc: dict = {"files": suite["files"], "select": suite["select"], "deselected": left_out, "modes": {}}
     for mode, prefix in suite["modes"].items():
         junit = os.path.join(work, f"{name}.{mode}.xml")
         capture = os.path.join(work, f"{name}.{mode}.alsc")
@@ -213,7 +231,8 @@ def run_suite(name: str, tests_dir: str, work: str, timeout: int) -> dict:
             sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-o", "addopts=",
             "-o", "faulthandler_timeout=300", "--tb=no", "--noconftest",
             f"--junitxml={junit}", *[a for name in suite.get("plugins", ()) for a in ("-p", name)],
-            *suite["files"], *(["-k", suite["select"]] if suite["select"] else [])]
+            *suite["files"], *(["-k", suite["select"]] if suite["select"] else []),
+            *(f"--deselect={test}" for test in left_out)]
         # (C++ extensions the tests build, in a folder of this run's: another
         # torch's build of the same name, or a lock a killed build left, would
         # make load_inline wait for ever)
@@ -273,7 +292,7 @@ def main() -> int:
                       "sha256": SOURCES[args.source][1]},
            "suites": {}}
     for name in args.suite or sorted(SUITES):
-        doc["suites"][name] = run_suite(name, tests_dir, work, args.timeout)
+        doc["suites"][name] = run_suite(name, tests_dir, work, args.timeout, torch.__version__)
     text = json.dumps(doc, indent=1)
     if args.out:
         with open(args.out, "w") as f:
