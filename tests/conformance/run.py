@@ -206,10 +206,16 @@ def replays(capture: str) -> dict[str, object]:
     import allocscope
     from allocscope.allocator.replay import replay
 
+    from allocscope.common.errors import InputError
+
     out: dict[str, object] = {}
     stem = capture[:-len(".alsc")]
     for path in sorted(glob.glob(glob.escape(stem) + "*.alsc")):
-        cap = allocscope.load(path, salvage=True)
+        try:
+            cap = allocscope.load(path, salvage=True)
+        except InputError as e:  # (an empty file: the mode's process never wrote its capture)
+            out[os.path.basename(path)] = {"events": 0, "exact": False, "error": str(e)}
+            continue
         if "cuda" not in (cap.metadata.get("devices_recorded") or ()):
             continue
         fidelity = replay(cap).fidelity
