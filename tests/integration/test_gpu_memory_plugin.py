@@ -138,6 +138,14 @@ def test_oom_message(session):
     assert text.startswith("ran out of GPU memory on the virtual T4-16GB"), text
     assert "Out of memory at event" in text and "short by" in text, text
     assert "During handling of the above exception" not in text
+    # in the user's terms (issue 50): where the test was, its own lines first, torch's folded into one line
+    assert re.search(r"ran out in the forward of step 0, at .*test_budget\.py:\d+ \(step\)", text), text
+    assert re.search(r"module +Sequential\.0 \(Linear\)", text), text
+    stack = text.split(" stack ", 1)[1].splitlines()
+    assert re.match(r" *step \(.*test_budget\.py:\d+\)$", stack[0]), stack
+    assert re.match(r" *\[\+\d+ torch frames inside, innermost ", stack[1]), stack
+    assert re.match(r" *test_runs_out \(.*test_budget\.py:\d+\)$", stack[2]), stack
+    assert "site-packages/torch" not in "\n".join(stack[2:stack.index(next(s for s in stack if "reserved" in s))])
 
 
 def test_own_failure_and_bad_marker(session):

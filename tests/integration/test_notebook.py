@@ -8,6 +8,7 @@ dependency: make test installs it, and CI fails without it."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -102,13 +103,20 @@ def test_an_out_of_memory_cell_on_cuda_shows_its_report_then_raises(tmp_path):
     if not allocscope.vgpu.active():
         pytest.skip("allocates the whole card: on the virtual GPU only")
     total = torch.cuda.get_device_properties(0).total_memory
-    _, oom = in_ipython(tmp_path, [
+    _, oom, text = in_ipython(tmp_path, [
         "%load_ext allocscope",
         f"%%allocscope -o {tmp_path / 'oom.alsc'}\nimport torch\n"
         f"x = torch.empty({total}, dtype=torch.uint8, device='cuda')",
+        f"%%allocscope --text -o {tmp_path / 'oom-text.alsc'}\nimport torch\n"
+        f"y = torch.ones(4, device='cuda')\nx = torch.empty({total}, dtype=torch.uint8, device='cuda')",
     ])
     assert oom["error"] == "OutOfMemoryError" and "recorded the cell on cuda" in oom["stdout"]
     assert oom["html"].startswith("<iframe srcdoc=")
+    # as text, the post-mortem's stack starts at the cell's own line; IPython's frames fold into one line each run
+    assert text["error"] == "OutOfMemoryError" and "Out of memory at event" in text["stdout"], text["stdout"]
+    stack = text["stdout"].split(" stack ", 1)[1].splitlines()
+    assert stack[0].strip() == "<module> (<allocscope cell>:3)", stack  # the cell's third line
+    assert any(re.fullmatch(r" *\[\+\d+ IPython frames?\]", line) for line in stack), stack
     c = allocscope.load(tmp_path / "oom.alsc")
     assert int((c.events.kind == allocscope.EventKind.OOM).sum()) == 1
 

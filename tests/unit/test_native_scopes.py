@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import allocscope
 from allocscope.capture.format import EventKind
 from allocscope.common.native import analysis
-from allocscope.attribution.categories import _Names
+from allocscope.attribution.scopes import Names
 from allocscope.attribution.scopes import _MODULE_KINDS, _symbols, module_scopes, walk_python
 
 pytestmark = [pytest.mark.torch_agnostic,
@@ -42,7 +42,7 @@ def test_fixtures_walk_the_same_natively(path):
     cap = allocscope.load(path)
     ev = cap.events
     idx = np.flatnonzero(np.isin(ev.kind, [int(k) for k in _MODULE_KINDS]) | (ev.kind == EventKind.PHASE))
-    names = _Names()
+    names = Names()
     symbols, table = _symbols(cap, names, idx)
     both(idx, ev.thread[idx].astype(np.int64), symbols, table, names.names)
     # and through module_scopes, for every row
@@ -51,7 +51,7 @@ def test_fixtures_walk_the_same_natively(path):
     out = {}
     for engine in ("python", "native"):
         module = np.full(len(rows), -1, np.int64)
-        module_scopes(cap, _Names(), start, thread, module, np.ones(len(rows), bool), engine=engine)
+        module_scopes(cap, Names(), start, thread, module, np.ones(len(rows), bool), engine=engine)
         out[engine] = module.tolist()
     assert out["python"] == out["native"]
 

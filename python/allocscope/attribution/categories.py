@@ -47,7 +47,7 @@ from ..common.arrays import factorize, first_index
 from .kv_cache import engine_rows, kv_cache_rows
 from .workspaces import cublas_workspaces, library_workspaces
 from .rows import Rows, join_labels
-from .scopes import module_scopes
+from .scopes import Names, module_scopes
 
 __all__ = ["CATEGORIES", "PHASES", "Attribution", "attribute", "module_label"]
 
@@ -154,19 +154,6 @@ class Attribution:
                                                   strict=True) if h}
 
 
-class _Names:
-    def __init__(self) -> None:
-        self.names: list[str] = []
-        self._ids: dict[str, int] = {}
-
-    def __call__(self, name: str) -> int:
-        i = self._ids.get(name)
-        if i is None:
-            i = self._ids[name] = len(self.names)
-            self.names.append(name)
-        return i
-
-
 def _label_module(kind: int, name: str) -> str:
     """The module a tensor label belongs to: `GPT.h.0.attn.weight` -> `GPT.h.0.attn`."""
     if kind == EventKind.ACTIVATION:
@@ -179,7 +166,7 @@ def _label_module(kind: int, name: str) -> str:
 
 
 def _label_meaning(cap: Capture, label_idx: np.ndarray, label_rows: np.ndarray, n_rows: int,
-                   names: _Names) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                   names: Names) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(category, label, module) per row from its highest-priority label
     (the first of equal priority; -1: unlabelled)."""
     ev, strings = cap.events, cap.strings
@@ -293,7 +280,7 @@ def attribute(cap: Capture, block_sizes: np.ndarray | None = None) -> Attributio
     A, S, B, ST, EN = (rows.column(c) for c in ("addr", "size", "block", "start", "end"))
 
     # ---- labels: category and name by priority, then the phase rule for the rest
-    names = _Names()
+    names = Names()
     category, label, module = _label_meaning(cap, label_idx, label_rows, len(A), names)
     p_idx = np.flatnonzero(ev.kind == EventKind.PHASE)
     phase_names = [string(i) for i in p_idx.tolist()]

@@ -6,7 +6,9 @@ Theory, for the moment analysed:
   gradients            the trainable parameters again, when the capture trains
                        (has a backward phase)
   optimizer_state      k x trainable bytes: SGD 0, SGD with momentum 1,
-                       Adam/AdamW 2 (3 with amsgrad), ...
+                       Adam/AdamW 2 (3 with amsgrad), ...; 0 where the run
+                       ran out of memory before its first optimizer step
+                       (the state never existed)
   activations          the sum of leaf modules' new outputs in the forward
                        pass that the moment belongs to (the last one begun);
                        in inference (no backward phase) nothing is kept for
@@ -130,6 +132,17 @@ def _kv_cache_asked(att: Attribution) -> tuple[int, int]:
     return total, tokens
 
 
+def _died_before_optimizer(att: Attribution) -> int | None:
+    """The capture's first OOM where no optimizer step had begun before it
+    (a run that died in its first forward or backward), else None."""
+    ooms = np.flatnonzero(att.capture.events.kind == EventKind.OOM)
+    if not len(ooms):
+        return None
+    e = int(ooms[0])
+    began = [int(i) for i, name in zip(att.phase_starts.tolist(), att.phase_names, strict=True) if name == "optimizer"]
+    return e if not began or began[0] > e else None
+
+
 def theory(att: Attribution, e: int) -> dict[str, Any]:
     """The estimate for the moment after event e (bytes; see module docstring)."""
     training = "backward" in att.phase_names
@@ -164,6 +177,14 @@ def theory(att: Attribution, e: int) -> dict[str, Any]:
         inputs = sum(seen.values())
     if not att.watches:
         notes.append("no model was watched (allocscope.watch): the estimate is empty")
+    died = _died_before_optimizer(att)
+    if training and died is not None:
+        # The steady state the textbook describes was never reached: the
+        # estimate is of what existed when the run died.
+        notes.append(f"the run ran out of memory at event {died}, before its first optimizer step"
+                     + (": the optimizer's state never existed, and the estimate leaves it out" if optimizer_state
+                        else ""))
+        optimizer_state = 0
     kv_cache, kv_tokens = _kv_cache_asked(att) if not training else (0, 0)
     out = {
         "parameters": parameters,

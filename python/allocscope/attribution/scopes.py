@@ -14,9 +14,36 @@ from ..capture.reader import Capture
 from ..common.arrays import factorize, first_index
 from ..common.native import analysis_for
 
-__all__ = ["module_scopes", "walk_python"]
+__all__ = ["Names", "module_at", "module_scopes", "walk_python"]
 
 _MODULE_KINDS = (EventKind.MODULE_ENTER, EventKind.MODULE_EXIT)
+
+
+class Names:
+    """Names by id, each registered once, in order of registration: the
+    ids an attribution's modules and labels are numbered by."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self._ids: dict[str, int] = {}
+
+    def __call__(self, name: str) -> int:
+        i = self._ids.get(name)
+        if i is None:
+            i = self._ids[name] = len(self.names)
+            self.names.append(name)
+        return i
+
+
+def module_at(cap: Capture, event: int) -> str | None:
+    """The innermost module scope open on an event's thread when the event
+    was written (an OOM's, say), as module_scopes gives allocations theirs;
+    None where none was open."""
+    names = Names()
+    module = np.full(1, -1, np.int64)
+    module_scopes(cap, names, np.array([event], np.int64), cap.events.thread[[event]].astype(np.int64), module,
+                  np.ones(1, bool))
+    return names.names[int(module[0])] if module[0] >= 0 else None
 
 
 def module_scopes(cap: Capture, names: Any, start: np.ndarray, thread: np.ndarray, module: np.ndarray,

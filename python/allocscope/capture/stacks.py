@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["is_library", "site", "stacks_through", "user_frame"]
+__all__ = ["folded_stack", "is_library", "library_of", "package_of", "site", "stacks_through", "user_frame"]
 
 # Installed packages: the package is the folder right after the last
 # site-packages/dist-packages (a venv may itself live in a folder named
@@ -20,15 +20,68 @@ _IN_PLACE = re.compile(r"[/\\](torch|allocscope)[/\\]")
 _LIBRARIES = ("torch", "allocscope")
 
 
+def library_of(filename: str) -> str | None:
+    """The library a frame's file is part of: "torch", "allocscope", or
+    "python" (its import machinery); None for the user's code."""
+    if filename.startswith("<frozen "):
+        return "python"
+    installed = _INSTALLED.findall(filename)
+    if installed:
+        return installed[-1] if installed[-1] in _LIBRARIES else None
+    m = _IN_PLACE.search(filename)
+    return m.group(1) if m else None
+
+
 def is_library(filename: str) -> bool:
     """Whether a frame's file is torch's, allocscope's or Python's import
     machinery: not the user's code (the same rule as user_frame's)."""
-    if filename.startswith("<frozen "):
-        return True
+    return library_of(filename) is not None
+
+
+def package_of(filename: str) -> str | None:
+    """The installed package a frame's file is part of (any package under
+    site-packages: torch, transformers, IPython, ...), torch or allocscope
+    run in place, or "python" for the import machinery; None for the user's
+    own code (a script, a repository, a notebook's cell)."""
     installed = _INSTALLED.findall(filename)
-    if installed:
-        return installed[-1] in _LIBRARIES
-    return _IN_PLACE.search(filename) is not None
+    return installed[-1] if installed else library_of(filename)
+
+
+def folded_stack(frames: list[Any]) -> list[str]:
+    """A stack (frames innermost first) as its user reads it: their own
+    frames, innermost first, with each run of one package's frames between
+    them as one line ("[+3 torch frames]"); the frames the innermost of
+    theirs called into go in one line after it, which names the innermost
+    frame of all. A stack with none of the user's frames starts at its
+    innermost frame."""
+    if not frames:
+        return []
+    head = next((i for i, f in enumerate(frames) if package_of(f.filename) is None), 0)
+    lines = [str(frames[head])]
+    inside = frames[:head]
+    if inside:
+        counts: dict[str, int] = {}
+        for f in inside:
+            package = package_of(f.filename) or "?"
+            counts[package] = counts.get(package, 0) + 1
+        what = (_frames(len(inside), next(iter(counts))) if len(counts) == 1 else
+                f"{len(inside)} frames ({', '.join(f'{n} {p}' for p, n in counts.items())})")
+        lines.append(f"[+{what} inside, innermost {inside[0]}]")
+    run: list[Any] = []
+    for f in [*frames[head + 1:], None]:
+        package = package_of(f.filename) if f is not None else None
+        if run and (f is None or package != package_of(run[0].filename)):
+            lines.append(f"[+{_frames(len(run), package_of(run[0].filename))}]")
+            run = []
+        if f is not None and package is None:
+            lines.append(str(f))
+        elif f is not None:
+            run.append(f)
+    return lines
+
+
+def _frames(n: int, package: str | None) -> str:
+    return f"{n} {package} frame{'s' if n > 1 else ''}"
 
 
 def user_frame(cap: Any, stack_id: int) -> tuple[str, str, int] | None:

@@ -7,8 +7,8 @@ import argparse
 import json
 import os
 
-from .options import (add_json, add_limit_arguments, add_top, add_values_arguments, add_world_arguments, check_top,
-                      limits_from, world_from)
+from .options import (add_full_stacks, add_json, add_limit_arguments, add_top, add_values_arguments,
+                      add_world_arguments, check_top, limits_from, world_from)
 
 NAME = "fit"
 HELP = "run a command on virtual GPUs of several models: does it fit on each, and with how much room"
@@ -76,6 +76,7 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
                         help="show each run's own output as it runs (by default it goes to a log beside the run's "
                              "capture, and only a run that fails for a reason other than memory shows its end)")
     add_top(parser, 5, "rows in each breakdown")
+    add_full_stacks(parser)
     parser.add_argument("--search", metavar="NAME=LOW..HIGH", type=_search_range,
                         help="find the largest value of NAME in LOW..HIGH that fits ({NAME} in the command, "
                              "and the environment variable NAME)")
@@ -110,5 +111,6 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(doc, indent=1))
     else:
-        print(render_search(doc) if args.search else render_fit(doc, args.top))
+        stacks = "full" if args.full_stacks else "folded"
+        print(render_search(doc) if args.search else render_fit(doc, args.top, stacks=stacks))
     return 0 if doc["fits_everywhere"] else 1

@@ -42,6 +42,13 @@ def add_top(parser: argparse.ArgumentParser, default: int, help: str) -> None:
     parser.add_argument("--top", type=int, default=default, metavar="N", help=f"{help} (default {default})")
 
 
+def add_full_stacks(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--full-stacks", action="store_true",
+                        help="show every frame of an out-of-memory request's Python stack (by default: your own "
+                             "frames, innermost first, each run of a package's frames as one line such as "
+                             "[+5 torch frames])")
+
+
 def check_top(args: argparse.Namespace) -> None:
     if args.top < 1:
         raise InputError("--top must be at least 1")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from .options import add_capture, add_json, add_top, check_top, load_capture
+from .options import add_capture, add_full_stacks, add_json, add_top, check_top, load_capture
 
 NAME = "report"
 HELP = "explain the peak (or a mark): categories, modules, sites, theory vs practice"
@@ -49,6 +49,7 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
                         help="report on optimizer steps A to B (or one step A) of a watched model: their peak, "
                              "their iterations, their timeline")
     add_top(parser, 10, "rows in each table")
+    add_full_stacks(parser)
 
 
 def _steps(text: str) -> tuple[int, int]:
@@ -90,5 +91,5 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, indent=1))
     else:
-        print(render(report, args.top))
+        print(render(report, args.top, stacks="full" if args.full_stacks else "folded"))
     return 0

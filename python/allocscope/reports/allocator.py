@@ -15,17 +15,20 @@ from ..allocator.replay import OomRecord, Replay, replay
 from ..allocator.segments import SegmentInfo
 from ..allocator.sizes import allocation_size
 from ..allocator.whatif import candidates
-from ..attribution.categories import CATEGORIES, Attribution
+from ..attribution.categories import CATEGORIES, Attribution, module_label
+from ..attribution.ops import op_names
+from ..attribution.scopes import module_at
 from ..attribution.timeline import bucket_peaks, moment
 from ..capture.baselines import device_readings
 from ..capture.format import EventKind
 from ..capture.reader import Capture
-from ..capture.stacks import site
+from ..capture.events import Frame
+from ..capture.stacks import folded_stack, package_of, site
 from ..common.units import format_bytes
 from .text import table
 
-__all__ = ["allocator_lines", "allocator_section", "block_rows", "oom_lines", "oom_section", "pinning_blocks",
-           "shortfall"]
+__all__ = ["allocator_lines", "allocator_section", "block_rows", "oom_lines", "oom_section", "oom_where",
+           "pinning_blocks", "shortfall", "where_sentence"]
 
 
 def shortfall(o: OomRecord, config: AllocatorConfig) -> int | None:
@@ -131,7 +134,10 @@ def oom_section(cap: Capture, att: Attribution | None, rep: Replay, *, top: int 
     out: dict[str, Any] = {
         "event": e,
         "request": {"size": int(ev.size[e]) or int(ev.block[e]), "rounded": int(ev.block[e]) or None,
-                    "stack": [str(f) for f in frames[:top]]},
+                    "stack": [str(f) for f in frames[:top]],
+                    "frames": [{"function": f.function, "file": f.filename, "line": f.line,
+                                "package": package_of(f.filename)} for f in frames]},
+        "where": oom_where(cap, att, e),
         "device": {"total": total, "free_at_oom": device_free},
         "reproduced_by_replay": o is not None,
     }
@@ -162,6 +168,42 @@ def oom_section(cap: Capture, att: Attribution | None, rep: Replay, *, top: int 
             tried.append({"settings": text, "avoids_oom": e in r.avoided_ooms and not any(
                 x.event < e for x in r.ooms), "peak_reserved": r.peak_reserved})
         out["settings_tried"] = tried
+    return out
+
+
+def oom_where(cap: Capture, att: Attribution | None, e: int) -> dict[str, Any]:
+    """Where the run was when event e (an OOM) happened: the phase and the
+    optimizer step (a watched model's), the op chain and the autograd node
+    (ops recorded), the module scope open on its thread, the last mark
+    before it, and the user's line of its stack (in backward: of the
+    forward op that made the node)."""
+    ev = cap.events
+    out: dict[str, Any] = {}
+    thread = int(ev.thread[e])
+    if thread < len(cap.threads):
+        out["thread"] = cap.threads[thread].name
+    if att is not None and len(att.phase_starts):
+        i = int(np.searchsorted(att.phase_starts, e, side="right")) - 1
+        if i >= 0 and att.phase_names[i] in ("forward", "backward", "optimizer"):
+            out["phase"], out["step"] = att.phase_names[i], int(att.phase_iterations[i])
+    if "phase" not in out and out.get("thread", "").startswith("pt_autograd_"):
+        out["phase"] = "backward"  # (the autograd engine's device thread, named so by torch; no watch said which step)
+    op = int(ev.op[e])
+    if op:
+        name = op_names(cap, np.array([op]))[op]
+        out["op"] = " > ".join(name.chain)
+        if name.backward_node:
+            out["autograd_node"] = name.backward_node
+    module = module_at(cap, e)
+    if module:
+        out["module"] = module
+        out["module_label"] = module_label(module, att.module_classes if att is not None else {})
+    marks = np.flatnonzero(ev.kind[:e] == EventKind.MARK)
+    if len(marks):
+        out["mark"] = cap.label(int(marks[-1]))
+    line = site(cap, int(ev.stack[e]))
+    if line:
+        out["site"] = line
     return out
 
 
@@ -200,13 +242,45 @@ def allocator_lines(a: dict[str, Any] | None, top: int) -> list[str]:
     return lines
 
 
-def oom_lines(o: dict[str, Any] | None, top: int) -> list[str]:
-    """The text of an OOM post-mortem (build_report's "oom"; none: no lines)."""
+_PHASE_WORDS = {"forward": "the forward", "backward": "the backward", "optimizer": "the optimizer step"}
+
+
+def where_sentence(where: dict[str, Any]) -> str:
+    """Where a run ran out, in words: "ran out in the backward of step 0, at
+    ReluBackward0, whose forward ran at big.py:6 (<module>)"."""
+    words = "ran out"
+    if where.get("phase"):
+        words += f" in {_PHASE_WORDS[where['phase']]}" + (f" of step {where['step']}" if "step" in where else "")
+    node, line = where.get("autograd_node"), where.get("site")
+    if node and line:
+        words += f", at {node}, whose forward ran at {line}"
+    elif node or line:
+        words += f", at {node or line}"
+    return words
+
+
+def oom_lines(o: dict[str, Any] | None, top: int, stacks: str = "folded") -> list[str]:
+    """The text of an OOM post-mortem (build_report's "oom"; none: no
+    lines). stacks: "folded" (the user's frames, each run of a library's
+    frames as one line: capture.stacks.folded_stack) or "full" (every frame)."""
     if not o:
         return []
     req = o["request"]
     lines = ["", f"Out of memory at event {o['event']}: requested {format_bytes(req['size'])}"]
-    lines += [f"    {f}" for f in req["stack"][:5]]
+    where = o.get("where") or {}
+    if where:
+        lines.append(f"  {where_sentence(where)}")
+    rows = [(label, where[key]) for label, key in (("module", "module_label"), ("op", "op"), ("after mark", "mark"))
+            if where.get(key)]
+    frames = [Frame(f["file"], f["function"], f["line"]) for f in req["frames"]] if "frames" in req else None
+    shown = (folded_stack(frames) if stacks == "folded" else [str(f) for f in frames]) if frames is not None \
+        else req["stack"][:5]
+    if not shown and where.get("phase") == "backward" and not where.get("op"):
+        # Autograd's threads run no Python: the forward line comes with the op recording.
+        shown = ["<none: the backward runs on a thread without Python frames; `allocscope run --watch` "
+                 "(or --ops) records the autograd node and the forward line that made it>"]
+    rows += [("stack" if i == 0 else "", text) for i, text in enumerate(shown or ["<no stack>"])]
+    lines += table(rows, set())
     if not o["reproduced_by_replay"]:
         return lines + [f"  {o['note']}"]
     al, dev = o["allocator"], o["device"]

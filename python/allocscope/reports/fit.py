@@ -272,7 +272,7 @@ def _size(n: int | None) -> str:
     return "?" if n is None else format_bytes(n)
 
 
-def render_fit(doc: dict[str, Any], top: int = 5) -> str:
+def render_fit(doc: dict[str, Any], top: int = 5, *, stacks: str = "folded") -> str:
     lines = [f"allocscope fit: {' '.join(doc['command'])}"]
     assumed = {(v.get("compute"), v.get("routing")) for c in doc["cards"] if (v := c.get("virtual_gpu_values"))}
     if len(assumed) == 1 and not any(c.get("routing") for c in doc["cards"]):
@@ -302,7 +302,7 @@ def render_fit(doc: dict[str, Any], top: int = 5) -> str:
         if c["verdict"] == "damaged capture":
             lines += ["", f"{_card_name(c)}: its capture is damaged: {'; '.join(c['warnings'][:1])}"]
         if "peak" in c:
-            lines += ["", f"{_card_name(c)}:"] + card_lines(c, top)
+            lines += ["", f"{_card_name(c)}:"] + card_lines(c, top, stacks=stacks)
     return "\n".join(lines)
 
 
@@ -311,7 +311,7 @@ def _card_name(c: dict[str, Any]) -> str:
     return name if c.get("routing") is None else f"{name}, {c['routing']} routing"
 
 
-def card_lines(c: dict[str, Any], top: int = 5) -> list[str]:
+def card_lines(c: dict[str, Any], top: int = 5, *, stacks: str = "folded") -> list[str]:
     """What filled one card's memory (indented lines): the peak's breakdown,
     the estimate beside it, the OOM post-mortem and where the capture is."""
     lines = []
@@ -334,7 +334,7 @@ def card_lines(c: dict[str, Any], top: int = 5) -> list[str]:
     if c["verdict"] == "failed":
         lines.append(f"  the command failed (exit status {c['exit_status']}) without running out of memory: "
                      "its verdict says nothing about memory")
-    lines += ["  " + line if line else line for line in oom_lines(c.get("oom"), top)]
+    lines += ["  " + line if line else line for line in oom_lines(c.get("oom"), top, stacks)]
     lines += [f"  caveat: {text}" for text in c.get("caveats", [])]
     if c.get("capture"):
         lines.append(f"  capture: {c['capture']} (allocscope report / html / simulate)")

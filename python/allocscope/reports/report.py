@@ -114,7 +114,9 @@ def _number_as_in_file(node: Any, cap: Capture) -> None:
             _number_as_in_file(v, cap)
 
 
-def render(r: dict[str, Any], top: int = 10) -> str:
+def render(r: dict[str, Any], top: int = 10, *, stacks: str = "folded") -> str:
+    """The report as text. stacks: how an OOM request's stack is shown
+    (oom_lines: "folded" or "full")."""
     focus = r.get("at") or r["peak"]
     where = f"at mark {focus['label']!r}" if "at" in r else "at the peak of allocated memory"
     if "steps" in r:
@@ -150,5 +152,6 @@ def render(r: dict[str, Any], top: int = 10) -> str:
     for name in TEXT_ORDER:
         text = sections[name].text
         assert text is not None, name
-        lines += text(r, top)
+        # (the one section with a choice of how its text shows)
+        lines += oom_lines(r.get("oom"), top, stacks) if name == "oom" else text(r, top)
     return "\n".join(lines)

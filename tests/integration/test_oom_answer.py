@@ -1,0 +1,143 @@
+"""The out-of-memory answer in the user's terms (issue 50), on torch's real
+allocator on the virtual GPU: a script shaped like a user's first try (an
+MLP with Adam whose first backward runs out at the ReLU's) under `fit` and
+under `run` + `report`. The post-mortem names the user's line first, with
+torch's frames folded into one line, the module with its class, the op and
+the autograd node, and where the run was (the backward of step 0); the
+estimate beside it is of what existed when the run died (no optimizer
+state). Torch's own frames and node names are the installed torch's: both
+torches run this."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+import allocscope
+from allocscope.reports.fit import render_fit
+
+pytestmark = pytest.mark.skipif(not allocscope.vgpu.available(), reason="built without the virtual GPU")
+
+# issue 50's big.py at a sixteenth of its tensors (same shape): on this much
+# memory its first backward runs out at ReluBackward0's threshold_backward
+BIG = """\
+import torch
+from torch import nn
+
+model = nn.Sequential(nn.Linear(1024, 4096), nn.ReLU(), nn.Linear(4096, 1024)).cuda()
+opt = torch.optim.Adam(model.parameters())
+loss = model(torch.randn(16384, 1024, device="cuda")).square().mean()
+loss.backward()
+opt.step()
+"""
+CARD = ["--gpu", "T4-16GB", "--gpu-memory", "1300MiB"]
+
+
+def allocscope_cli(cwd, *args):
+    return subprocess.run([sys.executable, "-m", "allocscope", *args], capture_output=True, text=True, timeout=600,
+                          cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("big")
+    script = tmp / "big.py"
+    script.write_text(BIG)
+    return tmp, str(script)
+
+
+@pytest.fixture(scope="module")
+def fitted(big):
+    tmp, script = big
+    r = allocscope_cli(tmp, "fit", *CARD, "--json", "--", sys.executable, script)
+    assert r.returncode == 1, r.stderr[-2000:]
+    return script, json.loads(r.stdout)
+
+
+def oom_block(text):
+    """The lines of the OOM post-mortem, from its heading to the allocator's figures."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if "Out of memory at event" in line)
+    end = next(i for i in range(start, len(lines)) if lines[i].strip().startswith("reserved "))
+    return lines[start:end]
+
+
+def stack_lines(block):
+    """The stack's lines in a post-mortem (the 'stack' row and those under it)."""
+    start = next(i for i, line in enumerate(block) if line.strip().startswith("stack "))
+    first = block[start].split("stack", 1)[1].strip()
+    return [first] + [line.strip() for line in block[start + 1:]]
+
+
+def check_where(where, script):
+    assert where["phase"] == "backward" and where["step"] == 0
+    assert where["autograd_node"] == "ReluBackward0"
+    assert where["op"] == "ReluBackward0 > aten::threshold_backward"
+    assert where["module"] == "Sequential.1" and where["module_label"] == "Sequential.1 (ReLU)"
+    assert where["site"] == f"{script}:6 (<module>)"  # the forward line that made the node
+
+
+def check_text(text, script):
+    block = oom_block(text)
+    assert f"ran out in the backward of step 0, at ReluBackward0, whose forward ran at {script}:6 (<module>)" \
+        in block[1], block
+    assert re.search(r"module +Sequential\.1 \(ReLU\)$", block[2]) and \
+        re.search(r"op +ReluBackward0 > aten::threshold_backward$", block[3]), block
+    stack = stack_lines(block)
+    # the user's line first, then every torch frame in one line that names the innermost of them
+    assert stack[0] == f"<module> ({script}:6)", stack
+    assert len(stack) == 2 and re.fullmatch(r"\[\+\d+ torch frames inside, innermost relu \(.*functional\.py:\d+\)\]",
+                                            stack[1]), stack
+
+
+def test_fit_names_the_users_line_module_op_node_and_phase(fitted):
+    script, doc = fitted
+    (card,) = doc["cards"]
+    assert card["verdict"] == "out of memory"
+    oom = card["oom"]
+    check_where(oom["where"], script)
+    frames = oom["request"]["frames"]
+    user = [i for i, f in enumerate(frames) if f["package"] is None]
+    assert user == [len(frames) - 1] and frames[-1]["file"] == script and frames[-1]["line"] == 6
+    assert all(f["package"] == "torch" for f in frames[:-1]) and frames[0]["function"] == "relu"
+    check_text(render_fit(doc), script)
+    full = stack_lines(oom_block(render_fit(doc, stacks="full")))
+    assert len(full) == len(frames) and full[0].startswith("relu (") and full[-1] == f"<module> ({script}:6)"
+
+
+def test_the_estimate_is_of_what_existed_when_the_run_died(fitted):
+    _, doc = fitted
+    (card,) = doc["cards"]
+    theory = card["estimate"]["theory"]
+    assert theory["optimizer_state"] == 0
+    assert any(re.search(r"ran out of memory at event \d+, before its first optimizer step", n)
+               for n in theory["notes"]), theory["notes"]
+    assert "before its first optimizer step" in render_fit(doc)
+
+
+def test_run_and_report_give_the_same_answer(big, fitted):
+    tmp, script = big
+    r = allocscope_cli(tmp, "run", *CARD, "--watch", "-f", "-o", "big.alsc", "--", sys.executable, script)
+    assert r.returncode != 0 and "OutOfMemoryError" in r.stderr, r.stderr[-2000:]
+    shown = allocscope_cli(tmp, "report", "big.alsc")
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    check_text(shown.stdout, script)
+    doc = json.loads(allocscope_cli(tmp, "report", "--json", "big.alsc").stdout)
+    check_where(doc["oom"]["where"], script)
+    full = allocscope_cli(tmp, "report", "--full-stacks", "big.alsc")
+    stack = stack_lines(oom_block(full.stdout))
+    assert stack[0].startswith("relu (") and stack[-1] == f"<module> ({script}:6)"
+    assert len(stack) == len(doc["oom"]["request"]["frames"])
+
+
+def test_a_run_not_watched_says_it_was_the_backward_and_what_would_name_it(big):
+    # No watch, no ops: the request came from autograd's thread, which runs no Python.
+    tmp, script = big
+    r = allocscope_cli(tmp, "run", *CARD, "-f", "-o", "plain.alsc", "--", sys.executable, script)
+    assert r.returncode != 0 and "OutOfMemoryError" in r.stderr, r.stderr[-2000:]
+    block = oom_block(allocscope_cli(tmp, "report", "plain.alsc").stdout)
+    assert block[1].strip() == "ran out in the backward", block
+    assert "`allocscope run --watch`" in stack_lines(block)[0]
