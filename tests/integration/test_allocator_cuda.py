@@ -51,6 +51,23 @@ def test_settings_changed_while_recording_replay_exactly(tmp_path):
     assert rep.peak_reserved == max_reserved
 
 
+def test_oversize_blocks_released_past_an_expandable_segment_replay_exactly(tmp_path):
+    """Under max_split_size_mb, a request no cached block fits makes c10 free
+    oversize blocks largest first, passing over an expandable segment's:
+    the whole segments go first, then the expandable one is unmapped (the
+    replay stopped at the expandable block, and freed them in address order)."""
+    cap, _ = record(tmp_path, "release_oversize")
+    ev = cap.events
+    freed = [(int(k), int(a)) for k, a in zip(ev.kind.tolist(), ev.addr.tolist())
+             if k in (allocscope.EventKind.SEGMENT_FREE, allocscope.EventKind.SEGMENT_UNMAP)]
+    made = [int(a) for k, a in zip(ev.kind.tolist(), ev.addr.tolist()) if k == allocscope.EventKind.SEGMENT_ALLOC]
+    whole = sorted(made[:2])  # low's and high's segments
+    # the larger address first (largest first in c10's (size, address) order), then the expandable one's unmap
+    assert freed[:3] == [(allocscope.EventKind.SEGMENT_FREE, whole[1]), (allocscope.EventKind.SEGMENT_FREE, whole[0]),
+                         (allocscope.EventKind.SEGMENT_UNMAP, freed[2][1])], freed
+    assert_exact(cap)
+
+
 def test_the_order_of_start_segments_is_learned_from_the_recording(tmp_path):
     """Free blocks of equal size in segments of the start baseline: which
     one torch takes (from 2.12, the older segment's) the baseline does not

@@ -124,6 +124,30 @@ def baseline_order(path: str) -> None:
     print(torch.cuda.max_memory_reserved())
 
 
+def release_oversize(path: str) -> None:
+    """Oversize free blocks (max_split_size_mb:40) in two whole segments and
+    one expandable segment (expandable_segments turned on for it alone),
+    then, under a memory fraction, a request no cached block fits: c10
+    frees oversize blocks largest first, passing over the expandable
+    segment's, before it releases every cached block (PyTorch's conformance
+    suite met this on torch 2.11; the replay stopped at the expandable
+    block)."""
+    MiB = 1 << 20
+    with allocscope.record(path, device="cuda", ops=True):
+        torch.cuda.memory._set_allocator_settings("max_split_size_mb:40")
+        whole = [torch.empty(40 * MiB, dtype=torch.uint8, device="cuda") for _ in range(2)]
+        torch.cuda.memory._set_allocator_settings("expandable_segments:True,max_split_size_mb:40")
+        grown = torch.empty(40 * MiB, dtype=torch.uint8, device="cuda")
+        torch.cuda.memory._set_allocator_settings("max_split_size_mb:40")
+        del whole, grown
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(200 * MiB / total)
+        big = torch.empty(120 * MiB, dtype=torch.uint8, device="cuda")
+        del big
+        torch.cuda.set_per_process_memory_fraction(1.0)
+    print(torch.cuda.max_memory_reserved())
+
+
 if __name__ == "__main__":
     {"fragment": fragment, "oom": oom, "settings": settings,
-     "baseline_order": baseline_order}[sys.argv[1]](sys.argv[2])
+     "baseline_order": baseline_order, "release_oversize": release_oversize}[sys.argv[1]](sys.argv[2])

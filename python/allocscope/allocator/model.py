@@ -397,21 +397,20 @@ class DeviceAllocator(ExpandableSegments, PrivatePools, RecordedChoices):
         key_size = max(size, max_split)
         lst = pool.free.get(stream) or []
         i = bisect.bisect_left(lst, key_size << self._size_shift)
-        if i == len(lst):
-            # No single block is large enough: free oversize blocks, largest first.
+        if i == len(lst) or self.blocks[lst[i] & _MASK].seg.expandable:
+            # No single block is large enough (or the one found is part of an
+            # expandable segment): free oversize blocks from the one below it,
+            # largest first, passing over expandable segments' (c10 frees
+            # only whole segments here).
             released, j = 0, i - 1
             while released < key_size and j >= 0 and (lst[j] >> self._size_shift) >= max_split:
                 b = self.blocks[lst[j] & _MASK]
-                if b.seg.expandable:
-                    break
-                released += b.size
-                self._release_block(b)
+                if not b.seg.expandable:
+                    released += b.size
+                    self._release_block(b)
                 j -= 1
             return released >= key_size
-        b = self.blocks[lst[i] & _MASK]
-        if b.seg.expandable:
-            return False
-        self._release_block(b)
+        self._release_block(self.blocks[lst[i] & _MASK])
         return True
 
     def _synchronize_and_free_events(self) -> None:
