@@ -424,7 +424,7 @@ def test_gpu_memory_defaults_to_the_environment_s_and_a_bad_size_is_one_line(tmp
 
     asked = {}
     monkeypatch.setattr(harness, "fit", lambda *a, **kw: asked.update(kw) or {"fits_everywhere": True, "cards": []})
-    monkeypatch.setattr("allocscope.reports.fit.render_fit", lambda doc, top: "")
+    monkeypatch.setattr("allocscope.reports.fit.render_fit", lambda doc, top, stacks="folded": "")
     monkeypatch.setenv("ALLOCSCOPE_VGPU_MEMORY", "12GiB")
     assert main(["fit", "--gpu", "A100-40GB", "--", "train.py"]) == 0 and asked["gpu_memory"] == "12GiB"
     assert main(["fit", "--gpu", "A100-40GB", "--gpu-memory", "20GiB", "--", "train.py"]) == 0

@@ -141,3 +141,63 @@ def test_a_run_not_watched_says_it_was_the_backward_and_what_would_name_it(big):
     block = oom_block(allocscope_cli(tmp, "report", "plain.alsc").stdout)
     assert block[1].strip() == "ran out in the backward", block
     assert "`allocscope run --watch`" in stack_lines(block)[0]
+
+
+# the same script with its batch as an argument: the command a search takes
+BATCHED = BIG.replace("from torch import nn\n", "from torch import nn\nimport sys\n").replace(
+    "torch.randn(16384, 1024", "torch.randn(int(sys.argv[1]), 1024")
+
+
+@pytest.fixture(scope="module")
+def batched(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("batched")
+    script = tmp / "big.py"
+    script.write_text(BATCHED)
+    env = dict(os.environ, BATCH="16384")
+    r = subprocess.run([sys.executable, "-m", "allocscope", "fit", *CARD, "--json", "--", sys.executable, str(script),
+                        "{BATCH}"], capture_output=True, text=True, timeout=600, cwd=tmp, env=env)
+    assert r.returncode == 1, r.stderr[-2000:]
+    return tmp, str(script), json.loads(r.stdout)
+
+
+def test_without_a_search_the_post_mortem_gives_the_search_and_an_estimate(batched):
+    # {BATCH} without --search: its value from the environment, and the post-mortem's command searches it
+    tmp, script, doc = batched
+    (card,) = doc["cards"]
+    w = card["oom"]["would_fit"]
+    assert (w["name"], w["value"]) == ("BATCH", 16384)
+    assert w["command"] == (f"allocscope fit --gpu T4-16GB:1300MiB --search BATCH=1..16383 -- {sys.executable} "
+                            f"{script} '{{BATCH}}'")
+    assert 0 < w["estimate"] < 16384 and w["fixed_bytes"] > 0 and w["needed_bytes"] > w["fixed_bytes"]
+    text = render_fit(doc)
+    assert f"what would fit: BATCH={w['estimate']:,} or so, an estimate from this run alone" in text
+    assert f"to find it: {w['command']}" in text
+    # without its value the command is refused, in one line
+    r = allocscope_cli(tmp, "fit", *CARD, "--", sys.executable, script, "{BATCH}")
+    assert r.returncode == 2 and "the command has {BATCH} but no --search sets it" in r.stderr
+    assert r.stderr.strip().count("\n") == 0
+
+
+def test_a_plain_script_gets_the_batch_from_its_input(fitted):
+    # big.py's batch is a constant in the script: the batch is its first input's leading dimension
+    script, doc = fitted
+    w = doc["cards"][0]["oom"]["would_fit"]
+    assert (w["name"], w["value"]) == ("BATCH", 16384) and 0 < w["estimate"] < 16384
+    assert w["command"].startswith("allocscope fit --gpu T4-16GB:1300MiB --search BATCH=1..16383 -- ")
+    assert "(with {BATCH} where the command sets it" in w["command"]
+
+
+@pytest.mark.heavy
+def test_with_a_search_the_answer_is_named_and_the_estimate_was_near_it(batched):
+    tmp, script, doc = batched
+    estimate = doc["cards"][0]["oom"]["would_fit"]["estimate"]
+    r = allocscope_cli(tmp, "fit", "--gpu", "T4-16GB:1300MiB", "--search", "BATCH=12000..16383", "-o", "search",
+                       "--json", "--", sys.executable, script, "{BATCH}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    (card,) = json.loads(r.stdout)["cards"]
+    largest = card["largest"]
+    assert 12000 <= largest < 16383
+    assert abs(estimate - largest) <= 0.05 * largest, (estimate, largest)  # one run's estimate, within 5%
+    # the report of the run just above the answer names it
+    shown = allocscope_cli(tmp, "report", f"search/T4-16GB-1300MiB.BATCH={largest + 1}.alsc")
+    assert f"a search found BATCH={largest} the largest that fits on this card" in shown.stdout, shown.stdout[-3000:]

@@ -40,7 +40,11 @@ starts from replays of that card's runs with its own memory
 value reaches the command through {NAME} in its arguments and the
 environment variable NAME. It reports the largest
 value with its peak and headroom, and the next value with its peak and
-shortfall. A run that fails for another reason stops the search.
+shortfall. A run that fails for another reason stops the search. Without
+--search, a {NAME} in the command takes the value of the environment
+variable NAME: the same command line runs at one value, and where it runs
+out of memory the post-mortem gives the search that finds the largest value
+(and an estimate of it from that run alone).
 
 Exit status: 0 when the command fits on every card (with --search: some
 value fits on every card), 1 otherwise. --json prints the document instead
@@ -53,6 +57,7 @@ examples:
   allocscope fit --gpu H100-80GB --gpu-memory 20GiB -- python train.py   (20 GiB left on a shared H100)
   allocscope fit --gpu H100-80GB --gpu H100-80GB:20GiB --gpu H100-80GB-MIG-1g.10gb -- python train.py
   allocscope fit --gpu A100-40GB --search BATCH=1..1024 -- python train.py --batch-size {BATCH}
+  BATCH=512 allocscope fit --gpu A100-40GB -- python train.py --batch-size {BATCH}
   allocscope fit --gpu H100-80GB --routing balanced --routing worst -- python moe_train.py   (MoE routings)
   allocscope fit --gpu H100-80GB --world-size 1024 --rank 0 --rank 1023 -- python train.py
   allocscope run --gpu list                         (the models)

@@ -15,6 +15,7 @@ import glob
 import json
 import math
 import os
+import re
 import time
 from typing import Any, Sequence
 
@@ -52,7 +53,11 @@ def fit(command: Sequence[str], gpus: Sequence[str], *, output_dir: str = "alloc
 
     search: "NAME=LOW..HIGH" (or (NAME, LOW, HIGH)): find on each card the
     largest value of NAME that fits, the value reaching the command through
-    {NAME} in its arguments and the environment variable NAME.
+    {NAME} in its arguments and the environment variable NAME. Without a
+    search, a {NAME} in the command takes the value of the environment
+    variable NAME (InputError where it is not set): the command a search
+    would take, run at one value (an OOM's post-mortem then gives that
+    search's command line).
 
     gpu_memory: every card's memory instead of its model's ("20GiB": what is
     left on a shared card, say; a number is bytes); a search then runs every
@@ -88,6 +93,7 @@ def fit(command: Sequence[str], gpus: Sequence[str], *, output_dir: str = "alloc
     cmd = command_line(command, "allocscope fit --gpu A100-40GB -- python train.py")
     if search is not None:  # one check for the text and the tuple
         search = parse_search(search if isinstance(search, str) else "{}={}..{}".format(*search))
+    given = _given_values(cmd, search)
     gpus = list(dict.fromkeys(gpus))
     if not gpus:
         raise InputError("no GPU given: --gpu A100-40GB (`allocscope run --gpu list`)")
@@ -103,7 +109,8 @@ def fit(command: Sequence[str], gpus: Sequence[str], *, output_dir: str = "alloc
         expected = len(gpus) * max(1, len(routings)) * (len(world.ranks) if world is not None else 1)
     console = RunConsole(expected, verbose=verbose, logs=os.path.abspath(output_dir))
     runs = _Runs(cmd, os.path.abspath(output_dir), stacks, top, search, stdout_to_stderr, world, gpu_memory,
-                 {"compute": compute, "routing": routings[0] if len(routings) == 1 else None}, limits, console)
+                 {"compute": compute, "routing": routings[0] if len(routings) == 1 else None}, limits, console,
+                 given)
     runs.prepare(gpus, force, routings)
     try:
         if search is not None:
@@ -120,6 +127,22 @@ def fit(command: Sequence[str], gpus: Sequence[str], *, output_dir: str = "alloc
         console.close()
     _keep(doc, runs.directory)
     return doc
+
+
+def _given_values(cmd: list[str], search: tuple[str, int, int] | None) -> dict[str, str]:
+    """{NAME: value} for each {NAME} of the command that no search sets: its
+    value from the environment variable NAME (`BATCH=64 allocscope fit ...
+    -- python train.py --batch {BATCH}`: the same command a search takes).
+    InputError where that variable is not set."""
+    given = {}
+    for name in dict.fromkeys(re.findall(r"\{([A-Za-z_][A-Za-z0-9_]*)\}", " ".join(cmd))):
+        if search is not None and name == search[0]:
+            continue
+        if name not in os.environ:
+            raise InputError(f"the command has {{{name}}} but no --search sets it: give its value "
+                             f"({name}=64 allocscope fit ...) or search it (--search {name}=1..1024)")
+        given[name] = os.environ[name]
+    return given
 
 
 def _keep(doc: dict[str, Any], directory: str) -> None:
@@ -148,8 +171,9 @@ class _Runs:
     def __init__(self, cmd: list[str], directory: str, stacks: str, top: int, search: tuple[str, int, int] | None,
                  stdout_to_stderr: bool, world: World | None = None, gpu_memory: int | str | None = None,
                  values: dict[str, str | None] | None = None, limits: Limits | None = None,
-                 console: RunConsole | None = None):
+                 console: RunConsole | None = None, given: dict[str, str] | None = None):
         self.cmd, self.directory, self.stacks, self.top, self.search = cmd, directory, stacks, top, search
+        self.given = given or {}  # {NAME} set from the environment (_given_values)
         self.stdout_to_stderr, self.world, self.gpu_memory = stdout_to_stderr, world, gpu_memory
         self.values = values or {}
         self.limits = limits
@@ -190,14 +214,17 @@ class _Runs:
         values = self.values if routing is None else {**self.values, "routing": routing}
         cmd, env = self.cmd, vgpu.environment(gpu if self.world is None else node_gpus(gpu, self.world),
                                               memory=self.gpu_memory, **values)
+        for name, given in self.given.items():
+            cmd = [a.replace("{" + name + "}", given) for a in cmd]
         if value is not None:
             name = self.search[0]
             cmd = [a.replace("{" + name + "}", str(value)) for a in cmd]
             env[name] = str(value)
         if self.limits is not None and self.limits.any():
             env[ENV_LIMITS] = self.limits.to_environment()
+        # (the template and the values given: what an OOM's post-mortem proposes to search with)
         env[ENV_FIT] = json.dumps({"gpu": gpu, "command": cmd, "search": self.search[0] if self.search else None,
-                                   "value": value})
+                                   "value": value, "template": self.cmd, "placeholders": self.given})
         where = f"a virtual {gpu}" + ("" if value is None else f" with {self.search[0]}={value}") + \
             ("" if routing is None else f", {routing} routing")
         env = child_environment(env, path, {"device": "cuda", "stacks": self.stacks, "auto_watch": True})

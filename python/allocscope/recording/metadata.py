@@ -102,10 +102,12 @@ def _virtual_gpu() -> dict[str, Any]:
     if not vgpu.active():
         return {}
     state = vgpu.state()
+    models = {p.key: p.total_memory for p in vgpu.presets()}  # (a device given its own memory differs)
     return {"virtual_gpu": {
         "spec": os.environ.get(vgpu.ENV_GPU),
         "event_polls": state["event_polls"],
-        "devices": [{k: d[k] for k in ("key", "total", "context_bytes")} for d in state["devices"]],
+        "devices": [{**{k: d[k] for k in ("key", "total", "context_bytes")}, "model_total": models.get(d["key"])}
+                    for d in state["devices"]],
         # cuDNN's stand-in and the rows per card of the tables it answered from
         "cudnn": {"stand_in": cudnn.stand_in(), "tables": cudnn.table_path(), "table_rows": cudnn.table_rows()},
         # what it computed, and where an MoE router's uncomputed logits sent tokens (docs/vgpu.md, "Values")

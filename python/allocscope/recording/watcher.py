@@ -154,6 +154,7 @@ class Watch:
         self._state_seen: dict[tuple[int, str], int] = {}
         self._state_changes: dict[int, Any] = {}  # id(optimizer) -> the Changes of its state's tensor ids
         self._removed = False
+        self._shapes_said = False
         self._device_types = frozenset(device_types)
         # The saved-tensor hook (csrc/recorder/saved.h): each storage autograd
         # saves is labelled once per forward, as the innermost open module's.
@@ -427,10 +428,15 @@ class Watch:
         self._saved.begin_forward()
         # The step's inputs are those of the first watched forward; a watched
         # loss module's inputs (the model's outputs) are not.
-        for path, t in _tensors(args) if first else ():
+        inputs = list(_tensors(args)) if first else []
+        for path, t in inputs:
             s = self._recorded_storage(t)
             if s is not None:
                 self._emit(EventKind.INPUT, f"{self.name}.input{path}", *s)
+        if inputs and not self._shapes_said:  # (once: the batch's dimension, for what would fit)
+            self._shapes_said = True
+            self._emit(EventKind.WATCH, json.dumps({"name": self.name, "update": True, "input_shapes": {
+                path: list(t.shape) for path, t in inputs}}, sort_keys=True))
         import torch.autograd.graph
 
         saved = self._saved

@@ -26,9 +26,10 @@ from ..capture.events import Frame
 from ..capture.stacks import folded_stack, package_of, site
 from ..common.units import format_bytes
 from .text import table
+from .what_fits import would_fit
 
 __all__ = ["allocator_lines", "allocator_section", "block_rows", "oom_lines", "oom_section", "oom_where",
-           "pinning_blocks", "shortfall", "where_sentence"]
+           "pinning_blocks", "shortfall", "where_sentence", "would_fit_lines"]
 
 
 def shortfall(o: OomRecord, config: AllocatorConfig) -> int | None:
@@ -161,6 +162,11 @@ def oom_section(cap: Capture, att: Attribution | None, rep: Replay, *, top: int 
     short = shortfall(o, rep.config)
     if short is not None:
         out["shortfall"] = short
+    watches = att.watches if att is not None else []
+    trainable = sum(int(w.get("trainable", 0)) for w in watches)
+    later = sum(int(round((w.get("optimizer") or {}).get("state_per_parameter") or 0) * int(w.get("trainable", 0)))
+                for w in watches)
+    out["would_fit"] = would_fit(cap, out, o, trainable, later, rep.config.large_segment_size)
     if try_settings:
         tried = []
         for text, cfg in candidates(cap)[1:]:
@@ -304,4 +310,24 @@ def oom_lines(o: dict[str, Any] | None, top: int, stacks: str = "folded") -> lis
     for t in o.get("settings_tried", []):
         lines.append(f"  with {t['settings']}: {'would fit' if t['avoids_oom'] else 'still runs out'} "
                      f"(peak reserved {format_bytes(t['peak_reserved'])})")
+    return lines + would_fit_lines(o.get("would_fit"))
+
+
+def would_fit_lines(w: dict[str, Any] | None) -> list[str]:
+    """What would fit, as text (oom_lines)."""
+    if not w:
+        return []
+    name, value = w["name"], w.get("value")
+    if "searched" in w:
+        return [f"  a search found {name}={w['searched']} the largest that fits on this card (this run: {name}={value})"
+                if w["searched"] is not None else f"  this run was {name}={value} of a search (fit.json beside the "
+                                                  "capture has its answer)"]
+    lines = []
+    if w.get("estimate") is not None:
+        lines.append(f"  what would fit: {name}={w['estimate']:,} or so, an estimate from this run alone: the "
+                     f"{format_bytes(w['needed_bytes'])} it needed when it ran out at {name}={value:,}, "
+                     f"{format_bytes(w['fixed_bytes'] + w['later_bytes'])} of it fixed (parameters, gradients, "
+                     "optimizer state, workspaces), the rest in proportion; what it needs after that point is not "
+                     "in it")
+    lines.append(f"  to find it: {w['command']}")
     return lines

@@ -39,14 +39,12 @@ from .scaling import FIXED_CATEGORIES, model_lines
 from .sections import kv_cache_lines, waterfall_lines
 from .serving import engine_figures, serving_lines, serving_side_by_side
 from .text import table
+from .what_fits import FIT_DOCUMENT
 
 __all__ = ["FIT_DOCUMENT", "FIT_SCHEMA", "FitDocument", "card_lines", "card_result", "caveats", "fit_document",
            "foreseen_result", "render_fit", "render_search", "run_result", "search_document", "searched_memory"]
 
 FIT_SCHEMA = "allocscope.fit/1"
-# Where fit leaves its document, beside the captures (the HTML page of a
-# search's capture plots that card's memory against the value from it).
-FIT_DOCUMENT = "fit.json"
 
 
 class FitDocument(dict):
