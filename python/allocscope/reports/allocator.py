@@ -164,8 +164,8 @@ def oom_section(cap: Capture, att: Attribution | None, rep: Replay, *, top: int 
         out["shortfall"] = short
     watches = att.watches if att is not None else []
     trainable = sum(int(w.get("trainable", 0)) for w in watches)
-    later = sum(int(round((w.get("optimizer") or {}).get("state_per_parameter") or 0) * int(w.get("trainable", 0)))
-                for w in watches)
+    later = sum(int(round(((w.get("optimizer") or {}).get("state_per_parameter") or 0) * int(w.get("trainable", 0))))
+                for w in watches)  # (the optimizer state the watched optimizers would make: theory's rule)
     out["would_fit"] = would_fit(cap, out, o, trainable, later, rep.config.large_segment_size)
     if try_settings:
         tried = []
@@ -267,7 +267,7 @@ def where_sentence(where: dict[str, Any]) -> str:
 
 def oom_lines(o: dict[str, Any] | None, top: int, stacks: str = "folded") -> list[str]:
     """The text of an OOM post-mortem (build_report's "oom"; none: no
-    lines). stacks: "folded" (the user's frames, each run of a library's
+    lines). stacks: "folded" (the user's frames, each run of a package's
     frames as one line: capture.stacks.folded_stack) or "full" (every frame)."""
     if not o:
         return []
