@@ -256,3 +256,33 @@ def test_an_allocation_sequenced_just_after_the_start_snapshot_is_one_row(tmp_pa
     live = sorted(zip(att.addr[at_end].tolist(), att.size[at_end].tolist(), strict=True))
     assert live == [(seg, 1000), (seg + 1024, 700)]
     assert att.rows == 3 and int(np.count_nonzero(att.start < 0)) == 1  # the older block at seg + 1024
+
+
+def test_a_run_that_died_before_its_first_step_is_estimated_without_optimizer_state(tmp_path):
+    # one_step's first backward, then an OOM there: the momentum buffer never existed
+    b = CaptureWriter()
+    b.annotate(K.WATCH, json.dumps(WATCH))
+    b.annotate(K.PARAMETER, "M.fc.weight", 0x1000, 1000)
+    b.annotate(K.PHASE, "forward", 0)
+    b.alloc(0x2000, 800)
+    b.annotate(K.PHASE, "backward", 0)
+    b.alloc(0x6000, 1000)
+    b.event(K.OOM, size=5000)
+    cap = allocscope.load(b.write(tmp_path / "died.alsc"))
+    att = attribute(cap)
+    th = theory(att, 5)
+    assert th["optimizer_state"] == 0 and th["parameters"] == 1000
+    assert th["notes"][-1] == ("the run ran out of memory at event 6, before its first optimizer step: the estimate "
+                               "is of what existed then, without optimizer state (1000 bytes by the textbook's rule, "
+                               "never made)")
+    # a run that stepped once before it died: the state counts, as for any moment
+    b = CaptureWriter()
+    b.annotate(K.WATCH, json.dumps(WATCH))
+    b.annotate(K.PHASE, "forward", 0)
+    b.alloc(0x2000, 800)
+    b.annotate(K.PHASE, "optimizer", 0)
+    b.alloc(0x8000, 1000)
+    b.annotate(K.PHASE, "forward", 1)
+    b.event(K.OOM, size=5000)
+    later = theory(attribute(allocscope.load(b.write(tmp_path / "later.alsc"))), 4)
+    assert later["optimizer_state"] == 1000 and not any("ran out" in n for n in later["notes"])

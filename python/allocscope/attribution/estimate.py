@@ -181,9 +181,9 @@ def theory(att: Attribution, e: int) -> dict[str, Any]:
     if training and died is not None:
         # The steady state the textbook describes was never reached: the
         # estimate is of what existed when the run died.
-        notes.append(f"the run ran out of memory at event {died}, before its first optimizer step"
-                     + (": the optimizer's state never existed, and the estimate leaves it out" if optimizer_state
-                        else ""))
+        notes.append(f"the run ran out of memory at event {died}, before its first optimizer step: the estimate "
+                     "is of what existed then, without optimizer state"
+                     + (f" ({optimizer_state} bytes by the textbook's rule, never made)" if optimizer_state else ""))
         optimizer_state = 0
     kv_cache, kv_tokens = _kv_cache_asked(att) if not training else (0, 0)
     out = {
