@@ -21,7 +21,9 @@ Suites (SUITES), each a set of PyTorch's test files run in every mode:
 
 PyTorch's conftest.py is left out (--noconftest): its hooks are written
 for an older pytest, and what they add (sharding, rerun bookkeeping) is
-CI's.
+CI's. The garbage collector runs before each test, in every mode
+(collect_garbage.py): a test that meets what an earlier one left in a
+reference cycle then does not depend on when the collector last ran.
 
 A test's result is its outcome (passed, failed, error, skipped) and its
 message's first line, numbers and addresses left out (a time, a pointer,
@@ -236,7 +238,8 @@ def run_suite(name: str, tests_dir: str, work: str, timeout: int, torch_version:
         command = [a.replace("{capture}", capture) for a in prefix] + [
             sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-o", "addopts=",
             "-o", "faulthandler_timeout=300", "--tb=no", "--noconftest",
-            f"--junitxml={junit}", *[a for name in suite.get("plugins", ()) for a in ("-p", name)],
+            f"--junitxml={junit}",
+            *[a for name in ("collect_garbage", *suite.get("plugins", ())) for a in ("-p", name)],
             *suite["files"], *(["-k", suite["select"]] if suite["select"] else []),
             *(f"--deselect={test}" for test in left_out)]
         # (C++ extensions the tests build, in a folder of this run's: another
