@@ -162,11 +162,7 @@ def oom_section(cap: Capture, att: Attribution | None, rep: Replay, *, top: int 
     short = shortfall(o, rep.config)
     if short is not None:
         out["shortfall"] = short
-    watches = att.watches if att is not None else []
-    trainable = sum(int(w.get("trainable", 0)) for w in watches)
-    later = sum(int(round(((w.get("optimizer") or {}).get("state_per_parameter") or 0) * int(w.get("trainable", 0))))
-                for w in watches)  # (the optimizer state the watched optimizers would make: theory's rule)
-    out["would_fit"] = would_fit(cap, out, o, trainable, later, rep.config.large_segment_size)
+    out["would_fit"] = would_fit(cap, out, o, att.watches if att is not None else [], rep.config.large_segment_size)
     if try_settings:
         tried = []
         for text, cfg in candidates(cap)[1:]:

@@ -51,7 +51,7 @@ def searched_largest(capture_path: str, gpu: str, name: str) -> int | None:
     return None
 
 
-def _unit(cap: Capture, fit: dict[str, Any]) -> tuple[str, int] | None:
+def _unit(fit: dict[str, Any], watches: list[dict[str, Any]]) -> tuple[str, int] | None:
     """(name, value) of what the run's memory is taken to grow with: the
     searched or given {NAME}, else the batch (the watched model's first
     input's leading dimension)."""
@@ -62,28 +62,13 @@ def _unit(cap: Capture, fit: dict[str, Any]) -> tuple[str, int] | None:
         name, value = next(iter(given.items()))
         if str(value).isdigit() and int(value) > 0:
             return name, int(value)
-    for w in _watches(cap):
+    for w in watches:
         shapes = w.get("input_shapes")
         if isinstance(shapes, dict) and shapes:
             shape = shapes[sorted(shapes)[0]]
             if isinstance(shape, list) and shape and isinstance(shape[0], int) and shape[0] > 0:
                 return "BATCH", shape[0]
     return None
-
-
-def _watches(cap: Capture) -> list[dict[str, Any]]:
-    """The WATCH annotations' JSON, updates merged into their watch."""
-    from ..capture.format import EventKind
-
-    out: dict[str, dict[str, Any]] = {}
-    for i in (cap.events.kind == EventKind.WATCH).nonzero()[0].tolist():
-        try:
-            w = json.loads(cap.label(int(i)))
-        except ValueError:
-            continue
-        if isinstance(w, dict):
-            out.setdefault(str(w.get("name")), {}).update(w)
-    return list(out.values())
 
 
 def estimate_largest(value: int, needed: int, fixed: int, later: int, limit: int) -> int | None:
@@ -125,28 +110,31 @@ def _gpu(cap: Capture, fit: dict[str, Any]) -> str | None:
     return f"{spec}:{total >> 20}MiB" if total % (1 << 20) == 0 else f"{spec}:{total}"
 
 
-def would_fit(cap: Capture, oom: dict[str, Any], record: Any, trainable: int, optimizer_state_later: int,
+def would_fit(cap: Capture, oom: dict[str, Any], record: Any, watches: list[dict[str, Any]],
               large_segment_size: int) -> dict[str, Any]:
     """The report's oom `would_fit` (module docstring). record: the
-    replay's OomRecord of the failure (its reserved bytes and limits)."""
+    replay's OomRecord of the failure (its reserved bytes and limits);
+    watches: the attribution's (updates merged)."""
     fit = cap.metadata.get("fit") or {}
-    unit = _unit(cap, fit)
-    gpu = _gpu(cap, fit)
+    unit = _unit(fit, watches)
     out: dict[str, Any] = {}
     if fit.get("search") and unit is not None:
-        largest = searched_largest(str(cap.path), fit.get("gpu"), unit[0])
-        out.update(name=unit[0], value=unit[1], searched=largest)
+        out.update(name=unit[0], value=unit[1], searched=searched_largest(str(cap.path), fit.get("gpu"), unit[0]))
         return out
     name, value = unit if unit is not None else ("BATCH", None)
-    out.update(name=name, value=value, command=_command(cap, fit, name, value, gpu))
+    out.update(name=name, value=value, command=_command(cap, fit, name, value, _gpu(cap, fit)))
     limit = record.allowed if record.allowed is not None else record.capacity
     filled = (oom.get("filled_by") or {}).get("categories") or {}
     if value is None or limit is None or not filled:
         return out
+    trainable = sum(int(w.get("trainable", 0)) for w in watches)
+    # the state the watched optimizers would make by the textbook's rule, where none exists yet
+    later = 0 if filled.get("optimizer_state") else sum(
+        int(round(((w.get("optimizer") or {}).get("state_per_parameter") or 0) * int(w.get("trainable", 0))))
+        for w in watches)
     rounded = int(oom["request"].get("rounded") or oom["request"]["size"])
     needed = int(record.reserved) + allocation_size(rounded, large_segment_size)
     fixed = sum(int(filled.get(c, 0)) for c in _FIXED) + min(int(filled.get("gradient", 0)), trainable)
-    later = optimizer_state_later if not filled.get("optimizer_state") else 0
     largest = estimate_largest(value, needed, fixed, later, int(limit))
     if largest is not None and largest < value:
         out.update(estimate=largest, needed_bytes=needed, fixed_bytes=fixed, later_bytes=later, limit_bytes=int(limit))
