@@ -39,7 +39,7 @@ from .scaling import FIXED_CATEGORIES, model_lines
 from .sections import kv_cache_lines, waterfall_lines
 from .serving import engine_figures, serving_lines, serving_side_by_side
 from .text import table
-from .what_fits import FIT_DOCUMENT
+from .what_fits import FIT_DOCUMENT, search_card_beside
 
 __all__ = ["FIT_DOCUMENT", "FIT_SCHEMA", "FitDocument", "card_lines", "card_result", "caveats", "fit_document",
            "foreseen_result", "render_fit", "render_search", "run_result", "search_document", "searched_memory"]
@@ -374,21 +374,9 @@ def searched_memory(capture_path: str, gpu: str, name: str) -> dict[str, Any] | 
     """The memory model of card `gpu` from the fit document beside a
     search's capture (FIT_DOCUMENT), where there is one for that search; None
     otherwise (an older fit, a moved capture, a file that is not one)."""
-    import json
-    import os
-
-    try:
-        with open(os.path.join(os.path.dirname(os.path.abspath(capture_path)), FIT_DOCUMENT), encoding="utf-8") as f:
-            doc = json.load(f)
-    except (OSError, ValueError):
-        return None
-    if not isinstance(doc, dict) or not isinstance(doc.get("search"), dict) or doc["search"].get("name") != name:
-        return None
-    for card in doc.get("cards") or ():
-        if isinstance(card, dict) and card.get("gpu") == gpu and isinstance(card.get("memory"), dict):
-            memory = card["memory"]
-            return memory if memory.get("fixed_bytes") is not None else None
-    return None
+    card = search_card_beside(capture_path, gpu, name) or {}
+    memory = card.get("memory")
+    return memory if isinstance(memory, dict) and memory.get("fixed_bytes") is not None else None
 
 
 def render_search(doc: dict[str, Any]) -> str:

@@ -27,7 +27,7 @@ from typing import Any
 from ..allocator.sizes import allocation_size
 from ..capture.reader import Capture
 
-__all__ = ["FIT_DOCUMENT", "estimate_largest", "searched_largest", "would_fit"]
+__all__ = ["FIT_DOCUMENT", "estimate_largest", "search_card_beside", "searched_largest", "would_fit"]
 
 # Where fit leaves its document, beside the captures (reports/fit.py).
 FIT_DOCUMENT = "fit.json"
@@ -35,9 +35,10 @@ _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _FIXED = ("parameter", "buffer", "optimizer_state", "workspace")
 
 
-def searched_largest(capture_path: str, gpu: str, name: str) -> int | None:
-    """The largest value a search found for card `gpu`, from the fit
-    document beside one of its captures; None where there is none."""
+def search_card_beside(capture_path: str, gpu: str | None, name: str) -> dict[str, Any] | None:
+    """Card `gpu`'s entry in the fit document beside one of a search's
+    captures (FIT_DOCUMENT), where that document is of a search of `name`;
+    None otherwise (an older fit, a moved capture, a file that is not one)."""
     try:
         with open(os.path.join(os.path.dirname(os.path.abspath(capture_path)), FIT_DOCUMENT), encoding="utf-8") as f:
             doc = json.load(f)
@@ -45,10 +46,13 @@ def searched_largest(capture_path: str, gpu: str, name: str) -> int | None:
         return None
     if not isinstance(doc, dict) or not isinstance(doc.get("search"), dict) or doc["search"].get("name") != name:
         return None
-    for card in doc.get("cards") or ():
-        if isinstance(card, dict) and card.get("gpu") == gpu and isinstance(card.get("largest"), int):
-            return card["largest"]
-    return None
+    return next((c for c in doc.get("cards") or () if isinstance(c, dict) and c.get("gpu") == gpu), None)
+
+
+def searched_largest(capture_path: str, gpu: str | None, name: str) -> int | None:
+    """The largest value a search found for card `gpu` (search_card_beside); None where there is none."""
+    card = search_card_beside(capture_path, gpu, name) or {}
+    return card["largest"] if isinstance(card.get("largest"), int) else None
 
 
 def _unit(fit: dict[str, Any], watches: list[dict[str, Any]]) -> tuple[str, int] | None:
