@@ -42,7 +42,7 @@ environment variable NAME. It reports the largest
 value with its peak and headroom, and the next value with its peak and
 shortfall. A run that fails for another reason stops the search. Without
 --search, a {NAME} in the command takes the value of the environment
-variable NAME: the same command line runs at one value, and where it runs
+variable NAME where it is set: the same command line runs at one value, and where it runs
 out of memory the post-mortem gives the search that finds the largest value
 (and an estimate of it from that run alone).
 

@@ -55,9 +55,8 @@ def fit(command: Sequence[str], gpus: Sequence[str], *, output_dir: str = "alloc
     largest value of NAME that fits, the value reaching the command through
     {NAME} in its arguments and the environment variable NAME. Without a
     search, a {NAME} in the command takes the value of the environment
-    variable NAME (InputError where it is not set): the command a search
-    would take, run at one value (an OOM's post-mortem then gives that
-    search's command line).
+    variable NAME where it is set: the command a search would take, run at
+    one value (an OOM's post-mortem then gives that search's command line).
 
     gpu_memory: every card's memory instead of its model's ("20GiB": what is
     left on a shared card, say; a number is bytes); a search then runs every
@@ -130,19 +129,13 @@ def fit(command: Sequence[str], gpus: Sequence[str], *, output_dir: str = "alloc
 
 
 def _given_values(cmd: list[str], search: tuple[str, int, int] | None) -> dict[str, str]:
-    """{NAME: value} for each {NAME} of the command that no search sets: its
-    value from the environment variable NAME (`BATCH=64 allocscope fit ...
-    -- python train.py --batch {BATCH}`: the same command a search takes).
-    InputError where that variable is not set."""
-    given = {}
-    for name in dict.fromkeys(re.findall(r"\{([A-Za-z_][A-Za-z0-9_]*)\}", " ".join(cmd))):
-        if search is not None and name == search[0]:
-            continue
-        if name not in os.environ:
-            raise InputError(f"the command has {{{name}}} but no --search sets it: give its value "
-                             f"({name}=64 allocscope fit ...) or search it (--search {name}=1..1024)")
-        given[name] = os.environ[name]
-    return given
+    """{NAME: value} for each {NAME} of the command that no search sets and
+    whose environment variable NAME is set (`BATCH=64 allocscope fit ... --
+    python train.py --batch {BATCH}`: the same command a search takes). A
+    {NAME} without its variable stays as it is: an argument of the
+    command's own, such as a file name's pattern."""
+    names = dict.fromkeys(re.findall(r"\{([A-Za-z_][A-Za-z0-9_]*)\}", " ".join(cmd)))
+    return {n: os.environ[n] for n in names if n in os.environ and (search is None or n != search[0])}
 
 
 def _keep(doc: dict[str, Any], directory: str) -> None:
