@@ -20,7 +20,7 @@ from .categories import CATEGORIES, Attribution
 from .ops import op_names
 
 __all__ = ["PERSISTENT", "Moment", "Timeline", "bucket_peaks", "category_timeline", "iteration_bounds", "iterations", "live_at", "live_series",
-           "moment", "op_labels", "ops", "relative_time", "site_labels", "sites", "timeline"]
+           "moment", "op_labels", "ops", "relative_time", "relative_times", "site_labels", "sites", "timeline"]
 
 # Categories that live across iterations by design (never a leak). A
 # workspace kept past its iteration is cuBLAS's, one per handle and stream,
@@ -160,13 +160,19 @@ class Moment:
         return dataclasses.asdict(self)
 
 
+def relative_times(cap: Capture, events: np.ndarray) -> np.ndarray:
+    """Nanoseconds from the start of recording to each event (0 for one < 0)."""
+    ev = cap.events
+    events = np.asarray(events, np.int64)
+    if not len(ev):
+        return np.zeros(len(events), np.int64)
+    t0 = int(cap.metadata.get("start_monotonic_ns") or ev.time_ns[0])
+    return np.where(events >= 0, np.maximum(ev.time_ns[np.maximum(events, 0)].astype(np.int64) - t0, 0), 0)
+
+
 def relative_time(cap: Capture, e: int) -> int:
     """Nanoseconds from the start of recording to event e (0 for e < 0)."""
-    ev = cap.events
-    if not len(ev):
-        return 0
-    t0 = int(cap.metadata.get("start_monotonic_ns") or ev.time_ns[0])
-    return max(0, int(ev.time_ns[max(e, 0)]) - t0) if e >= 0 else 0
+    return int(relative_times(cap, np.array([e]))[0])
 
 
 def moment(att: Attribution, e: int, tl: Timeline | None = None, top: int = 20) -> Moment:
@@ -245,15 +251,11 @@ def iterations(att: Attribution, tl: Timeline) -> list[dict[str, Any]]:
     peak_of_event[starts[0]:] = np.repeat(window_peak, ends - starts)
     at_peak = np.flatnonzero(allocated[1:] == peak_of_event)
     peak_event = at_peak[np.searchsorted(at_peak, starts)]
-    ev = att.capture.events
-    t0 = int(att.capture.metadata.get("start_monotonic_ns") or ev.time_ns[0])
-
-    def time_ns(events: np.ndarray) -> np.ndarray:  # relative_time of each
-        return np.maximum(ev.time_ns[events].astype(np.int64) - t0, 0)
-
+    cap = att.capture
     columns = {"iteration": keys, "first_event": starts, "last_event": ends - 1,
-               "start_ns": time_ns(starts), "end_ns": time_ns(ends - 1), "peak_allocated_bytes": window_peak,
-               "peak_time_ns": time_ns(peak_event), "allocated_at_start_bytes": allocated[starts],
+               "start_ns": relative_times(cap, starts), "end_ns": relative_times(cap, ends - 1),
+               "peak_allocated_bytes": window_peak,
+               "peak_time_ns": relative_times(cap, peak_event), "allocated_at_start_bytes": allocated[starts],
                "allocated_at_end_bytes": allocated[ends], "growth_bytes": allocated[ends] - allocated[starts],
                "retained_bytes": retained_bytes, "leaked_bytes": leaked_bytes}
     out = [dict(zip(columns, row)) for row in zip(*(np.asarray(c, np.int64).tolist() for c in columns.values()))]

@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["folded_stack", "is_library", "library_of", "package_of", "site", "stacks_through", "user_frame"]
+__all__ = ["folded_stack", "frame_runs", "is_library", "library_of", "package_of", "site", "stacks_through", "user_frame"]
 
 # Installed packages: the package is the folder right after the last
 # site-packages/dist-packages (a venv may itself live in a folder named
@@ -47,6 +47,19 @@ def package_of(filename: str) -> str | None:
     return installed[-1] if installed else library_of(filename)
 
 
+def frame_runs(frames: list[Any], key: Callable[[Any], str | None]) -> list[list[Any]]:
+    """Consecutive frames with the same key (not None) grouped into runs;
+    each frame whose key is None alone."""
+    runs: list[list[Any]] = []
+    for f in frames:
+        k = key(f)
+        if k is not None and runs and key(runs[-1][0]) == k:
+            runs[-1].append(f)
+        else:
+            runs.append([f])
+    return runs
+
+
 def folded_stack(frames: list[Any]) -> list[str]:
     """A stack (frames innermost first) as its user reads it: their own
     frames, innermost first, with each run of one package's frames between
@@ -67,16 +80,9 @@ def folded_stack(frames: list[Any]) -> list[str]:
         what = (_frames(len(inside), next(iter(counts))) if len(counts) == 1 else
                 f"{len(inside)} frames ({', '.join(f'{n} {p}' for p, n in counts.items())})")
         lines.append(f"[+{what} inside, innermost {inside[0]}]")
-    run: list[Any] = []
-    for f in [*frames[head + 1:], None]:
-        package = package_of(f.filename) if f is not None else None
-        if run and (f is None or package != package_of(run[0].filename)):
-            lines.append(f"[+{_frames(len(run), package_of(run[0].filename))}]")
-            run = []
-        if f is not None and package is None:
-            lines.append(str(f))
-        elif f is not None:
-            run.append(f)
+    for run in frame_runs(frames[head + 1:], lambda f: package_of(f.filename)):
+        package = package_of(run[0].filename)
+        lines.append(str(run[0]) if package is None else f"[+{_frames(len(run), package)}]")
     return lines
 
 

@@ -19,7 +19,7 @@ from ..attribution.categories import CATEGORIES, Attribution, module_label
 from ..attribution.timeline import PERSISTENT, Timeline, bucket_peaks, iterations, live_at, relative_time, site_labels
 from ..capture.format import EventKind
 from ..capture.reader import Capture
-from ..capture.stacks import is_library
+from ..capture.stacks import frame_runs, is_library
 from .allocator import block_rows
 
 __all__ = ["leaks", "marks", "module_tree", "segments_view", "stack_tree", "timeline_view"]
@@ -168,18 +168,12 @@ def _frame_path(frames: list[Any], fold_library: bool) -> list[str]:
     two or more library frames (torch's, allocscope's: stacks.is_library)
     becomes one node named by its innermost frame."""
     names: list[str] = []
-    run: list[Any] = []
-    for f in [*reversed(frames), None]:
-        if f is not None and fold_library and is_library(f.filename):
-            run.append(f)
-            continue
+    for run in frame_runs(list(reversed(frames)),
+                          lambda f: "library" if fold_library and is_library(f.filename) else None):
         if len(run) == 1:
             names.append(f"{run[0].function} ({run[0].filename}:{run[0].line})")
-        elif run:
+        else:
             names.append(f"{run[-1].function} [+{len(run) - 1} library frame{'s' if len(run) > 2 else ''}]")
-        run = []
-        if f is not None:
-            names.append(f"{f.function} ({f.filename}:{f.line})")
     return names or ["<no stack>"]
 
 
