@@ -17,9 +17,12 @@ resident memory (VmHWM) is its own, load included:
 Times are the stage alone (load subtracted where it is part of the process),
 one run each: wall seconds, and the CPU's user and system seconds (system
 time, mostly fresh memory mapped in, moves by tens of percent from run to
-run on the virtual machines this runs on; user time is steadier).
+run on the virtual machines this runs on; user time is steadier). Each
+stage's process takes memory as `python -m allocscope` does
+(common/heap.py: no huge pages, freed memory reused); --heap default
+measures numpy's and glibc's defaults instead.
 
-    python benchmarks/bench_analysis.py [--events 1000000 10000000] [--out FILE]
+    python benchmarks/bench_analysis.py [--events 1000000 10000000] [--heap default] [--out FILE]
 """
 
 import argparse
@@ -53,10 +56,16 @@ def _peak_rss_kib() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
-def stage(name: str, path: str, mark: str | None = None) -> dict:
+def stage(heap: str, name: str, path: str, mark: str | None = None) -> dict:
     """In this process: the stage's seconds (load apart) and peak memory.
-    mark: the at_ stages' label."""
+    heap: "command" (as python -m allocscope) or "default"; mark: the at_
+    stages' label."""
     import allocscope
+
+    if heap == "command":
+        from allocscope.common.heap import reuse_freed_memory
+
+        reuse_freed_memory()
 
     times0 = os.times()
     t0 = time.perf_counter()
@@ -108,11 +117,13 @@ def stage(name: str, path: str, mark: str | None = None) -> dict:
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, nargs="+", default=[1_000_000, 10_000_000])
+    parser.add_argument("--heap", choices=("command", "default"), default="command",
+                        help="memory settings of each stage's process: the command's (default) or numpy's and glibc's")
     parser.add_argument("--out", help="also write the JSON here")
     parser.add_argument("--stage", nargs="+", help=argparse.SUPPRESS)  # (name, path[, mark]): one stage, in a child
     args = parser.parse_args()
     if args.stage:
-        print(json.dumps(stage(*args.stage)))
+        print(json.dumps(stage(args.heap, *args.stage)))
         return
     from tests.support.training_run import training_run
 
@@ -125,7 +136,7 @@ def main():
             row = {"events": events, "capture_mib": round(os.path.getsize(path) / 2**20, 1)}
             marks = {"at_early": "step 5", "at_late": f"step {info['steps'] - 1}"}
             for name in STAGES:
-                proc = subprocess.run([sys.executable, __file__, "--stage", name, path,
+                proc = subprocess.run([sys.executable, __file__, "--heap", args.heap, "--stage", name, path,
                                        *([marks[name]] if name in marks else [])], capture_output=True, text=True)
                 if proc.returncode != 0:
                     row[name] = {"error": proc.stderr.strip().splitlines()[-1:]}
@@ -137,7 +148,7 @@ def main():
             print(json.dumps(row), file=sys.stderr)
     emit({"benchmark": "analysis", **environment(), "what": __doc__.splitlines()[0],
           "goal": "each stage >= 1M events/s on 2 cores, memory bounded; HTML of 10M events < 15 s",
-          "results": results}, args.out)
+          "heap": args.heap, "results": results}, args.out)
 
 
 if __name__ == "__main__":
