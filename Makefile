@@ -41,7 +41,10 @@ MAIN_EXCLUDE ?= and not heavy
 # version guards in csrc/ stay checked by its cuda tests; what the many_gpus
 # tests would add there is torch.distributed's own code at 2.11, which
 # make test-full runs.
-COMPAT_EXCLUDE ?= and not heavy and not many_gpus
+# The fixed subset of PyTorch's own tests (tests/integration/test_conformance.py,
+# about 50 s) runs on the main torch alone; make conformance runs every suite
+# on both.
+COMPAT_EXCLUDE ?= and not heavy and not many_gpus and not conformance
 # The virtual GPU the `cuda` tests run on where there is no GPU.
 VGPU ?= H100-80GB
 # Two sessions: the virtual GPU makes CUDA available to the whole process,
@@ -151,7 +154,7 @@ COMPAT_OPTIONAL_DEPS := transformers accelerate
 $(VENV)/.deps:
 	$(PYTHON) -m venv $(VENV)
 	$(PY) $(PIP_INSTALL) torch==$(TORCH) pybind11 ninja pytest numpy hypothesis setuptools wheel
-	$(PY) $(PIP_INSTALL) $(OPTIONAL_DEPS)
+	$(PY) $(PIP_INSTALL) $(OPTIONAL_DEPS) $(CONFORMANCE_DEPS)
 	touch $@
 
 $(VENV)/.built: $(VENV)/.deps $(SOURCES)
@@ -201,8 +204,9 @@ test-serving:
 # (tests/conformance/run.py): on each torch, PyTorch's tests fetched from
 # Debian's source package (pinned, checked, cached outside the repository).
 # Their own test dependencies (expecttest, psutil) go into the venvs. The
-# compat torch's part needs build-compat (make test-compat). Not part of
-# make test.
+# compat torch's part needs build-compat (make test-compat). make test runs
+# a fixed subset on the main torch (tests/integration/test_conformance.py),
+# hence these in its venv too.
 CONFORMANCE_DEPS := expecttest psutil
 conformance: $(VENV)/.built
 	$(PY) $(PIP_INSTALL) $(CONFORMANCE_DEPS)
