@@ -28,7 +28,9 @@ reference cycle then does not depend on when the collector last ran.
 A test's result is its outcome (passed, failed, error, skipped) and its
 message's first line, numbers and addresses left out (a time, a pointer,
 a process id differ from run to run). The document (JSON) holds each
-mode's counts, every test whose result differs between modes, and for
+mode's counts, every test's result (per_test: one where the modes agree,
+each mode's where they do not), every test whose result differs between
+modes, and for
 each CUDA capture a mode wrote whether its replay follows it exactly; the
 run fails where a test differs or a replay does not follow. Tests that fail in every mode (their age
 against the installed torch; kernels compute nothing on a virtual GPU)
@@ -291,6 +293,13 @@ def run_suite(name: str, tests_dir: str, work: str, timeout: int, torch_version:
             differences.append({"test": test, **{m: list(r) for m, r in seen.items()}})
     doc["tests"] = len(tests)
     doc["differences"] = differences
+    # every test's result: one [outcome, message] where every mode agrees,
+    # else each mode's (those are the differences above too)
+    doc["per_test"] = {}
+    for test in tests:
+        seen = {mode: list(per_mode[mode].get(test, ("not run", ""))) for mode in per_mode}
+        same = len({tuple(r) for r in seen.values()}) == 1
+        doc["per_test"][test] = next(iter(seen.values())) if same else seen
     failing = [t for t in tests if all(per_mode[m].get(t, ("not run",))[0] in ("failure", "error") for m in per_mode)]
     doc["failing_in_every_mode"] = explain(name, failing, known_failures())
     return doc
