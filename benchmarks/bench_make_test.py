@@ -43,6 +43,25 @@ def sessions(log: str) -> list[dict]:
     return out
 
 
+def setup_times(clone: str, started: float) -> dict:
+    """Seconds from make's start to the end of each set-up step, from the
+    files each step leaves (make's output is printed a target at a time, so
+    it cannot say when a target's set-up ended)."""
+    marks = {"main_venv": ".venv/.deps", "main_build": ".venv/.built",
+             "compat_venv": ".venv-torch2.11.0/.deps"}
+    out = {}
+    for name, path in marks.items():
+        full = os.path.join(clone, path)
+        if os.path.exists(full):
+            out[name] = round(os.path.getmtime(full) - started, 1)
+    # the compat build's last product: the test-only extension tests/native/build.py makes
+    built = [os.path.join(d, f) for d, _, files in os.walk(os.path.join(clone, "build-compat", "build", "testing"))
+             for f in files if f.endswith(".so")]
+    if built:
+        out["compat_build"] = round(max(os.path.getmtime(f) for f in built) - started, 1)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", help="also write the JSON here")
@@ -55,6 +74,7 @@ def main() -> None:
     subprocess.run(["git", "clone", "-q", ROOT, clone], check=True)
     subprocess.run(["git", "checkout", "-q", commit], cwd=clone, check=True)
     t0 = time.monotonic()
+    started = time.time()
     result = subprocess.run(["make", "test"], cwd=clone, capture_output=True, text=True)
     wall = time.monotonic() - t0
     log = result.stdout + result.stderr
@@ -67,6 +87,7 @@ def main() -> None:
         "commit": commit,
         "exit_status": result.returncode,
         "wall_s": round(wall, 1),
+        "setup_done_s": setup_times(clone, started),
         "sessions": found,
         "tests_run": sum(s.get("passed", 0) + s.get("failed", 0) for s in found),
         "machine": f"{platform.machine()} {os.cpu_count()} cpus",
