@@ -54,9 +54,9 @@ def setup_times(clone: str, started: float) -> dict:
         full = os.path.join(clone, path)
         if os.path.exists(full):
             out[name] = round(os.path.getmtime(full) - started, 1)
-    # the compat build's last product: the test-only extension tests/native/build.py makes
-    built = [os.path.join(d, f) for d, _, files in os.walk(os.path.join(clone, "build-compat", "build", "testing"))
-             for f in files if f.endswith(".so")]
+    # the compat build's last product: the test-only extension tests/native/build.py puts in tests/native
+    native = os.path.join(clone, "build-compat", "tests", "native")
+    built = [os.path.join(native, f) for f in os.listdir(native) if f.endswith(".so")] if os.path.isdir(native) else []
     if built:
         out["compat_build"] = round(max(os.path.getmtime(f) for f in built) - started, 1)
     return out
