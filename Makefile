@@ -92,13 +92,15 @@ MAIN_TARGETS := test-main-cpu test-compat test-main-cuda test-main-cpu-fit test-
 # (Chromium first, on its own: as a prerequisite of the first target, make
 # ran the other targets while it installed and started that target last,
 # with one slot idle at the end.)
+# How many targets at a time (one a core; TEST_JOBS=3 measured below).
+TEST_JOBS ?= 2
 test: browser
-	@$(MAKE) --no-print-directory -j2 --output-sync=target $(MAIN_TARGETS)
+	@$(MAKE) --no-print-directory -j$(TEST_JOBS) --output-sync=target $(MAIN_TARGETS)
 
 # Everything on both torches (the `heavy` tests too): about three minutes
 # more than make test.
 test-full: browser
-	@$(MAKE) --no-print-directory -j2 --output-sync=target COMPAT_EXCLUDE= MAIN_EXCLUDE= $(MAIN_TARGETS)
+	@$(MAKE) --no-print-directory -j$(TEST_JOBS) --output-sync=target COMPAT_EXCLUDE= MAIN_EXCLUDE= $(MAIN_TARGETS)
 
 test-main: browser test-main-cpu test-main-cuda test-main-cpu-fit test-main-cpu-agnostic test-main-many-gpus
 
