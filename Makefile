@@ -92,7 +92,9 @@ MAIN_TARGETS := test-main-cpu test-compat test-main-cuda test-main-cpu-fit test-
 # (Chromium first, on its own: as a prerequisite of the first target, make
 # ran the other targets while it installed and started that target last,
 # with one slot idle at the end.)
-# How many targets at a time (one a core; TEST_JOBS=3 measured below).
+# How many targets at a time: one a core. Three on two cores were no faster
+# (952 s against 960 s from a fresh clone; the tests are CPU-bound:
+# results/make_test_issue49*.json).
 TEST_JOBS ?= 2
 test: browser
 	@$(MAKE) --no-print-directory -j$(TEST_JOBS) --output-sync=target $(MAIN_TARGETS)
