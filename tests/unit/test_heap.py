@@ -4,6 +4,7 @@ again without the kernel faulting in (and zeroing) fresh pages; a user's
 process keeps its own. Each case runs in a child: the settings are a
 process's."""
 
+import platform
 import subprocess
 import sys
 import textwrap
@@ -11,7 +12,7 @@ import textwrap
 import pytest
 
 pytestmark = [pytest.mark.torch_agnostic,
-              pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")]
+              pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt")]
 
 # faults taken by writing a 256 MiB array after an earlier one was freed
 FAULTS_OF_A_SECOND_ARRAY = textwrap.dedent("""
