@@ -6,6 +6,7 @@ watching: every test's outcome and message the same in every mode, every
 failure one known_failures.txt explains, and every CUDA capture replayed
 exactly. The full run's counts are in docs/benchmarks.md."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -29,11 +30,9 @@ def pytorch_tests():
     cached outside the repository)."""
     # what PyTorch's tests import (make test installs them: CONFORMANCE_DEPS)
     pytest.importorskip("expecttest", reason="PyTorch's tests need expecttest (pip install expecttest psutil)")
-    sys.path.insert(0, os.path.dirname(RUN))
-    try:
-        import run as conformance
-    finally:
-        sys.path.pop(0)
+    spec = importlib.util.spec_from_file_location("allocscope_conformance_run", RUN)
+    conformance = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conformance)
     try:
         return conformance.fetch(conformance.DEFAULT_SOURCE)
     except (urllib.error.URLError, OSError) as e:
