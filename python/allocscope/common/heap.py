@@ -5,7 +5,7 @@ of millions of rows, each one used in one pass. By default numpy asks the
 kernel for transparent huge pages on every large array, and glibc maps each
 array of more than 32 MiB afresh and unmaps it when freed: every array is
 new memory the kernel zeroes, 2 MiB at a time. On a 10-million-event
-capture that was 1.7-2.1 s of system time against 2.0 s of user time
+capture that was 1.1-2.1 s of a report's system time, against 2.1-2.4 s of user time
 (docs/benchmarks.md). Without huge pages, and with freed arrays kept in the
 heap for the next one, it is about 0.5 s, for about 70 MiB more peak memory.
 

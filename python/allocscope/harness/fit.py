@@ -15,7 +15,6 @@ import glob
 import json
 import math
 import os
-import re
 import time
 from typing import Any, Sequence
 
@@ -30,6 +29,7 @@ from ..recording.metadata import ENV_FIT
 from ..reports.fit import FIT_DOCUMENT, fit_document, foreseen_result, run_result, search_document
 from ..reports.scaling import memory_model
 from ..reports.serving import read_log
+from ..reports.what_fits import PLACEHOLDER
 from .child import command_line, finished_outputs, outputs, wait_for
 from .console import RunConsole, log_path
 from .run import run_together, shared_cards
@@ -134,7 +134,7 @@ def _given_values(cmd: list[str], search: tuple[str, int, int] | None) -> dict[s
     python train.py --batch {BATCH}`: the same command a search takes). A
     {NAME} without its variable stays as it is: an argument of the
     command's own, such as a file name's pattern."""
-    names = dict.fromkeys(re.findall(r"\{([A-Za-z_][A-Za-z0-9_]*)\}", " ".join(cmd)))
+    names = dict.fromkeys(PLACEHOLDER.findall(" ".join(cmd)))
     return {n: os.environ[n] for n in names if n in os.environ and (search is None or n != search[0])}
 
 

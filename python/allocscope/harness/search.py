@@ -9,6 +9,7 @@ import re
 from typing import Any, Callable
 
 from ..common.errors import InputError
+from ..reports.what_fits import NAME
 
 __all__ = ["SearchFailed", "parse_search", "search_largest"]
 
@@ -18,7 +19,7 @@ def parse_search(text: str) -> tuple[str, int, int]:
     InputError where the text is not of that form."""
     name, sep, span = text.partition("=")
     low, dots, high = span.partition("..")
-    if not sep or not dots or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+    if not sep or not dots or not re.fullmatch(NAME, name):
         raise InputError(f"{text!r} is not NAME=LOW..HIGH (e.g. BATCH=1..1024)")
     try:
         a, b = int(low), int(high)

@@ -27,11 +27,14 @@ from typing import Any
 from ..allocator.sizes import allocation_size
 from ..capture.reader import Capture
 
-__all__ = ["FIT_DOCUMENT", "estimate_largest", "search_card_beside", "searched_largest", "would_fit"]
+__all__ = ["FIT_DOCUMENT", "NAME", "PLACEHOLDER", "estimate_largest", "search_card_beside", "searched_largest",
+           "would_fit"]
 
 # Where fit leaves its document, beside the captures (reports/fit.py).
 FIT_DOCUMENT = "fit.json"
-_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+# A value's name (fit --search NAME=LOW..HIGH) and its place in a command ({NAME})
+NAME = r"[A-Za-z_][A-Za-z0-9_]*"
+PLACEHOLDER = re.compile(r"\{(" + NAME + r")\}")
 _FIXED = ("parameter", "buffer", "optimizer_state", "workspace")
 
 
@@ -91,11 +94,11 @@ def _command(cap: Capture, fit: dict[str, Any], name: str, value: int | None, gp
     arguments), the value where it gives it as {NAME}."""
     template = [str(a) for a in (fit.get("template") or fit.get("command")
                                  or ["python", *(cap.metadata.get("argv") or [])])]
-    if not any(_PLACEHOLDER.search(a) for a in template) and value is not None:
+    if not any(PLACEHOLDER.search(a) for a in template) and value is not None:
         template = [f"{{{name}}}" if a == str(value) else a for a in template]
     high = max(1, value - 1) if value else 1024
     line = f"allocscope fit --gpu {gpu or 'YOUR-GPU'} --search {name}=1..{high} -- {shlex.join(template)}"
-    if not any(_PLACEHOLDER.search(a) for a in template):
+    if not any(PLACEHOLDER.search(a) for a in template):
         line += f"  (with {{{name}}} where the command sets it, or the script reading the environment variable {name})"
     return line
 
