@@ -5,12 +5,13 @@
 1000 calls of a leaf module that returns its input, inside a recording
 without ops on the CPU: with no hooks, with a forward pre-hook and an
 (always-called) forward hook that do nothing (Module._call_impl's slow
-path), with hooks of two Python lines around a C call (what the watcher's
-module hooks were), watched (rec.watch(), the module a child of the watched
-root: its forward wrapped in the C partial, recording/module_scopes.py),
-watched with the Python wrapper around C functions that it replaced
-(ForwardWrapper.in_c = False), and watched with Python hooks
-(Watch.native_module_hooks = False, the wrappers' reference). Needs valgrind's headers and gcc, as bench_step_instructions.py.
+path), with hooks of two Python lines around a C call, watched (rec.watch(),
+the module a child of the watched root: the process's global hooks look it
+up and write its scopes in C, recording/global_hooks.py), watched with the
+Python reference of those C functions (Watch.native_module_hooks = False),
+and not watched while another model is (the global hooks' cost to every
+module call of the process). Needs valgrind's headers and gcc, as
+bench_step_instructions.py.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-MODES = ("no_hooks", "empty_hooks", "two_line_hooks", "watched", "watched_python_wrapper", "watched_python_hooks")
+MODES = ("no_hooks", "empty_hooks", "two_line_hooks", "watched", "watched_python_hooks", "beside_a_watch")
 
 
 def child(mode: str, calls: int, lib: str) -> None:
@@ -66,11 +67,9 @@ def child(mode: str, calls: int, lib: str) -> None:
                 m.register_forward_hook(post, always_call=True)
         elif mode == "watched":
             rec.watch(root)
-        elif mode == "watched_python_wrapper":
-            from allocscope.recording.module_scopes import ForwardWrapper
-
-            ForwardWrapper.in_c = False
-            rec.watch(root)
+        elif mode == "beside_a_watch":
+            other = torch.nn.Linear(1, 1)
+            rec.watch(other)
         elif mode == "watched_python_hooks":
             from allocscope.recording.watcher import Watch
 

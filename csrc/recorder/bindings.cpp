@@ -60,21 +60,12 @@ PYBIND11_MODULE(_C, m) {
   m.def("ops_active", &ops::active);
   m.def(
       "module_hooks",
-      [](const std::string& name, bool leaf) {
-        PyObject* pair = module_hooks::make(Recorder::get().intern(name), leaf);
+      [](const std::string& name, bool leaf, py::object output_bytes) {
+        PyObject* pair = module_hooks::make(Recorder::get().intern(name), leaf, output_bytes.ptr());
         if (pair == nullptr) throw py::error_already_set();
         return py::reinterpret_steal<py::object>(pair);
       },
-      py::arg("name"), py::arg("leaf"));
-  m.def(
-      "wrap_forward",
-      [](py::object cls_forward, py::object module, const std::string& name, bool leaf, py::object output_bytes) {
-        PyObject* w = module_hooks::wrap_forward(cls_forward.ptr(), module.ptr(), Recorder::get().intern(name), leaf,
-                                                 output_bytes.ptr());
-        if (w == nullptr) throw py::error_already_set();
-        return py::reinterpret_steal<py::object>(w);
-      },
-      py::arg("cls_forward"), py::arg("module"), py::arg("name"), py::arg("leaf"), py::arg("output_bytes"));
+      py::arg("name"), py::arg("leaf"), py::arg("output_bytes"));
   m.def(
       "innermost_module",
       [](const std::string& none) {

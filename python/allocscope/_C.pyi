@@ -13,13 +13,10 @@ def stop(reason: str) -> dict[str, Any]:
 def is_active() -> bool: ...
 def ops_active() -> bool:
     """Whether ops are recorded (then autograd nodes write their modules' backward scopes)."""
-def module_hooks(name: str, leaf: bool) -> tuple[Any, Any]:
-    """(enter, exit) C functions for a watched module's wrapped forward or hooks (csrc/recorder/module_hooks.h):
-    enter(module, args); exit(module, args, output) -> False when a leaf's output bytes are for the caller."""
-def wrap_forward(cls_forward: Any, module: Any, name: str, leaf: bool, output_bytes: Any) -> Any:
-    """A watched module's forward: a functools.partial(cls_forward, module) whose call writes its scopes
-    (csrc/recorder/module_hooks.h); `_allocscope_stop()` leaves only the call. None where this Python's
-    partial is not laid out as the type needs."""
+def module_hooks(name: str, leaf: bool, output_bytes: Any) -> tuple[Any, Any]:
+    """(enter, exit) C functions a watched module's calls run (csrc/recorder/module_hooks.h): enter(module, args);
+    exit(module, args, output), a leaf's new output bytes through output_bytes(args, output) where they are not
+    one plain tensor's."""
 def innermost_module(none: str) -> str:
     """The innermost watched module whose forward runs on this thread (`none` when none does)."""
 def enable_backward_scopes() -> None:

@@ -215,13 +215,14 @@ print(json.dumps({"parameter": nbytes(model.parameters()), "gradient": nbytes(p.
 
 
 @pytest.mark.torch_agnostic  # the flag's way to the recording; watching itself is tested on both torches
-def test_run_watch_names_the_memory_of_a_script_that_never_mentions_allocscope(tmp_path):
+@pytest.mark.parametrize("flag", [None, "--watch"])  # (watching is the default)
+def test_run_names_the_memory_of_a_script_that_never_mentions_allocscope(tmp_path, flag):
     import json
 
     from allocscope.attribution import attribute, moment
 
     (tmp_path / "train.py").write_text(UNWATCHED)
-    result, out = run(tmp_path, "--watch", "--", sys.executable, str(tmp_path / "train.py"))
+    result, out = run(tmp_path, *([flag] if flag else []), "--", sys.executable, str(tmp_path / "train.py"))
     assert result.returncode == 0, result.stderr
     expected = json.loads(result.stdout.strip().splitlines()[-1])
     cap = allocscope.load(out)
@@ -231,12 +232,28 @@ def test_run_watch_names_the_memory_of_a_script_that_never_mentions_allocscope(t
         assert nbytes > 0 and m.by_category[category] == nbytes, category
     assert {"Sequential.0", "Sequential.2"} <= set(m.by_module)  # the layers own their parameters' bytes
     assert cap.metadata["ops"] == "watch" and cap.events.op.any()  # ops from the watch on
+    # what is not named is under 1% of the peak
+    from allocscope.reports import build_report
+
+    peak = build_report(cap)["peak"]
+    assert peak["by_category"]["other"] <= 0.01 * peak["allocated_bytes"], peak["by_category"]
+
+
+@pytest.mark.torch_agnostic
+def test_run_no_watch_records_stacks_alone(tmp_path):
+    from allocscope.attribution import attribute
+
+    (tmp_path / "train.py").write_text(UNWATCHED)
+    result, out = run(tmp_path, "--no-watch", "--", sys.executable, str(tmp_path / "train.py"))
+    assert result.returncode == 0, result.stderr
+    cap = allocscope.load(out)
+    assert attribute(cap).watches == [] and cap.metadata["ops"] == "watch" and not cap.events.op.any()
 
 
 @pytest.mark.torch_agnostic
 def test_run_refuses_recording_options_without_a_recording(tmp_path, capsys):
     from allocscope.cli import main
 
-    for flag in ("--watch", "--ops", "--no-ops"):
+    for flag in ("--watch", "--no-watch", "--ops", "--no-ops"):
         assert main(["run", "--gpu", "H100-80GB", "--no-record", flag, "--", sys.executable, "-c", "pass"]) == 2, flag
         assert "not with --no-record" in capsys.readouterr().err

@@ -1,13 +1,12 @@
-"""The wrapped forwards (recording/module_scopes.py: the C partial, and the
-Python wrapper around C functions that it replaced, csrc/recorder/module_hooks.h)
-write what the Python forward hooks they replaced wrote
-(Watch.native_module_hooks = False): the same
-MODULE_ENTER/EXIT events, leaf output bytes included, and the same meaning
-for every allocation, on the attribution tests' models and on modules whose
-inputs and outputs are not one plain tensor (where the C function leaves
-the leaf's bytes to Python)."""
+"""The C functions that write a watched module's scopes
+(csrc/recorder/module_hooks.h, called from the process's global hooks,
+recording/global_hooks.py) write what their Python reference writes
+(Watch.native_module_hooks = False): the same MODULE_ENTER/EXIT events,
+leaf output bytes included, and the same meaning for every allocation, on
+the attribution tests' models and on modules whose inputs and outputs are
+not one plain tensor (where the C function asks Python for the leaf's
+bytes)."""
 
-import functools
 import gc
 
 import numpy as np
@@ -17,7 +16,6 @@ from torch import nn
 
 import allocscope
 from allocscope import EventKind
-from allocscope.recording.module_scopes import ForwardWrapper
 from allocscope.recording.watcher import Watch
 
 from .test_attribution_cpu import MODELS
@@ -51,11 +49,10 @@ class Odd(nn.Module):
 WORKLOADS = {**MODELS, "odd": (Odd, lambda: torch.randn(5, 8))}
 
 
-def scopes_and_meaning(path, name, native, in_c=True):
+def scopes_and_meaning(path, name, native):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # (see test_watch_saved.recorded)
     Watch.native_module_hooks = native
-    ForwardWrapper.in_c = in_c
     gc.collect()
     try:
         make_model, make_input = WORKLOADS[name]
@@ -64,17 +61,12 @@ def scopes_and_meaning(path, name, native, in_c=True):
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
         with allocscope.record(path, device="cpu") as rec:
             rec.watch(model, opt)
-            wrapped = [vars(m)["forward"] for m in model.modules() if "forward" in vars(m)]
-            assert wrapped if native else not wrapped
-            # (the C partial where asked: this Python's partial is laid out as it needs)
-            assert all(isinstance(f, functools.partial) == in_c for f in wrapped)
             for _ in range(2):
                 model(make_input()).float().square().mean().backward()
                 opt.step()
                 opt.zero_grad()
     finally:
         Watch.native_module_hooks = True
-        ForwardWrapper.in_c = True
         torch.set_num_threads(threads)
     cap = allocscope.load(path)
     ev = cap.events
@@ -87,10 +79,9 @@ def scopes_and_meaning(path, name, native, in_c=True):
 def test_module_hooks_in_c_write_what_the_python_hooks_wrote(tmp_path, name):
     native = scopes_and_meaning(tmp_path / "c.alsc", name, True)
     python = scopes_and_meaning(tmp_path / "py.alsc", name, False)
-    python_wrapper = scopes_and_meaning(tmp_path / "pyw.alsc", name, True, in_c=False)
     scopes = native[0]
-    assert scopes == python[0] == python_wrapper[0]
-    assert native[1] == python[1] == python_wrapper[1]
+    assert scopes == python[0]
+    assert native[1] == python[1]
     # Not vacuous: leaves' output bytes are there, and in the odd model some
     # leaves' bytes come from the Python fallback (tuple outputs, a subclass)
     # and some are 0 (the in-place ReLU, Flatten's view).

@@ -287,3 +287,46 @@ def test_a_run_that_died_before_its_first_step_is_estimated_without_optimizer_st
     b.event(K.OOM, size=5000)
     later = theory(attribute(allocscope.load(b.write(tmp_path / "later.alsc"))), 5)
     assert later["optimizer_state"] == 1000 and not any("ran out" in n for n in later["notes"])
+
+
+def test_a_run_that_caught_its_oom_and_stepped_later_keeps_optimizer_state(tmp_path):
+    # (a benchmark that retries at a smaller batch: the first try ran out before any step, the second stepped)
+    b = CaptureWriter()
+    b.annotate(K.WATCH, json.dumps({**WATCH, "id": 1}))
+    b.annotate(K.PHASE, "forward", 0)
+    b.event(K.OOM, size=5000)
+    b.annotate(K.PHASE, "forward", 0)
+    b.annotate(K.PHASE, "backward", 0)
+    b.alloc(0x2000, 800)
+    b.annotate(K.PHASE, "optimizer", 0)
+    cap = allocscope.load(b.write(tmp_path / "retried.alsc"))
+    th = theory(attribute(cap), 5)
+    assert th["optimizer_state"] == 1000 and not any("ran out" in n for n in th["notes"])
+
+
+def test_the_estimate_counts_the_models_alive_at_its_moment(tmp_path):
+    # A model watched, dropped (its watch says gone), rebuilt under the same
+    # name (a new watch), whose optimizer auto-watch finds at its first step.
+    first = {**WATCH, "id": 1, "optimizer": None}
+    second = {**WATCH, "id": 2, "optimizer": None, "parameters": 3000, "trainable": 3000}
+    b = CaptureWriter()
+    b.annotate(K.WATCH, json.dumps(first))  # 0
+    b.annotate(K.PHASE, "forward", 0)  # 1
+    b.event(K.OOM, size=5000)  # 2
+    b.annotate(K.WATCH, json.dumps({"id": 1, "name": "M", "update": True, "gone": True}))  # 3
+    b.annotate(K.WATCH, json.dumps(second))  # 4
+    b.annotate(K.PHASE, "forward", 0)  # 5
+    b.annotate(K.PHASE, "backward", 0)  # 6
+    b.annotate(K.PHASE, "optimizer", 0)  # 7
+    b.annotate(K.WATCH, json.dumps({"id": 2, "name": "M", "update": True,  # 8
+                                    "optimizer": {"type": "Adam", "state_per_parameter": 2.0}}))
+    b.annotate(K.WATCH, json.dumps({"id": 2, "name": "M", "update": True, "optimizer": None}))  # 9: freed
+    b.annotate(K.PHASE, "forward", 1)  # 10
+    att = attribute(allocscope.load(b.write(tmp_path / "rebuilt.alsc")))
+    assert [w["id"] for w in att.watches] == [1, 2] and att.watches[0]["gone"] is True
+    assert theory(att, 2)["parameters"] == 1000  # the first model alone
+    at_step = theory(att, 6)  # the second alone, with the optimizer found after this moment
+    assert at_step["parameters"] == 3000 and at_step["optimizer_state"] == 6000 and at_step["optimizers"] == ["Adam"]
+    assert theory(att, 10)["optimizer_state"] == 0  # its optimizer was freed
+    assert [w["id"] for w in att.watches_at(3)] == []  # between the two
+    assert any("no watched model was alive" in n for n in theory(att, 3)["notes"])

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 from typing import Any
 
 import numpy as np
@@ -48,6 +47,7 @@ from .kv_cache import engine_rows, kv_cache_rows
 from .workspaces import cublas_workspaces, library_workspaces
 from .rows import Rows, join_labels
 from .scopes import Names, module_scopes
+from .watches import Watches, read_watches
 
 __all__ = ["CATEGORIES", "PHASES", "Attribution", "attribute", "module_label"]
 
@@ -99,10 +99,11 @@ class Attribution:
     phase_starts: np.ndarray  # event index of each PHASE annotation
     phase_names: list[str]
     phase_iterations: np.ndarray
-    watches: list[dict[str, Any]]
+    watches: list[dict[str, Any]]  # every watch, its updates merged (watches_at: those alive at a moment)
     device_type: str
     warnings: list[str]
     blocks_exact: bool = True
+    watch_histories: Watches = dataclasses.field(default_factory=Watches)
 
     @property
     def rows(self) -> int:
@@ -111,6 +112,11 @@ class Attribution:
     def live(self, event_index: int) -> np.ndarray:
         """Boolean mask of rows live after event `event_index` (-1: at the start)."""
         return (self.start <= event_index) & (self.end > event_index)
+
+    def watches_at(self, event_index: int) -> list[dict[str, Any]]:
+        """The watches whose model was alive after event `event_index`, as
+        their updates had made them by then."""
+        return self.watch_histories.at(event_index)
 
     def name(self, index: int) -> str:
         return self.names[index] if index >= 0 else ""
@@ -299,20 +305,7 @@ def attribute(cap: Capture, block_sizes: np.ndarray | None = None) -> Attributio
     TH = rows.column("thread")
     module_scopes(cap, names, ST, TH, module, unlabelled)
 
-    watches: list[dict[str, Any]] = []
-    for i in np.flatnonzero(ev.kind == EventKind.WATCH).tolist():
-        try:
-            watch = json.loads(string(i))
-        except ValueError:
-            warnings.append(f"event {i}: a WATCH annotation that is not JSON")
-            continue
-        # An update (an optimizer found after the model was watched) amends its watch.
-        earlier = [w for w in watches if isinstance(watch, dict) and watch.get("update")
-                   and w.get("name") == watch.get("name")]
-        if earlier:
-            earlier[-1].update({k: v for k, v in watch.items() if k != "update"})
-        elif isinstance(watch, dict) and not watch.get("update"):
-            watches.append(watch)
+    watches = read_watches(ev.kind, string, warnings)
 
     if device_type == "cuda":
         divisions = (base or {}).get("config", {}).get("roundup_power2_divisions", ())
@@ -332,8 +325,8 @@ def attribute(cap: Capture, block_sizes: np.ndarray | None = None) -> Attributio
         op=rows.column("op"), thread=TH, device=rows.column("device"), category=category, module=module, label=label,
         phase=phase,
         iteration=iteration, names=names.names, phase_starts=p_idx, phase_names=phase_names,
-        phase_iterations=p_iter, watches=watches, device_type=device_type, warnings=warnings,
-        blocks_exact=blocks_exact)
+        phase_iterations=p_iter, watches=watches.final(), device_type=device_type, warnings=warnings,
+        blocks_exact=blocks_exact, watch_histories=watches)
 
 
 def module_label(name: str, classes: dict[str, str], shown: str | None = None) -> str:

@@ -119,11 +119,11 @@ def _largest_call(att: Attribution, e: int) -> tuple[int, int, int] | None:
     return int(first[pick]), int(last[pick]), int(largest[pick])
 
 
-def _kv_cache_asked(att: Attribution) -> tuple[int, int]:
+def _kv_cache_asked(watches: list[dict[str, Any]]) -> tuple[int, int]:
     """(bytes, tokens) of the KV cache for the tokens the watched models'
     last generate() calls asked (module docstring); (0, 0) where none says."""
     total = tokens = 0
-    for w in att.watches:
+    for w in watches:
         shape, asked = w.get("kv_cache"), w.get("generate")
         if isinstance(shape, dict) and isinstance(asked, dict):
             n = int(asked["sequences"]) * (int(asked["prompt_tokens"]) + int(asked["max_new_tokens"]))
@@ -133,25 +133,28 @@ def _kv_cache_asked(att: Attribution) -> tuple[int, int]:
 
 
 def _died_before_optimizer(att: Attribution) -> int | None:
-    """The capture's first OOM where no optimizer step had begun before it
-    (a run that died in its first forward or backward), else None."""
+    """The capture's first OOM where no optimizer step ever began (a run
+    that died in its first forward or backward), else None. (A run that
+    caught it and stepped later, at a smaller batch say, did not die.)"""
     ooms = np.flatnonzero(att.capture.events.kind == EventKind.OOM)
     if not len(ooms):
         return None
-    e = int(ooms[0])
-    began = [int(i) for i, name in zip(att.phase_starts.tolist(), att.phase_names, strict=True) if name == "optimizer"]
-    return e if not began or began[0] > e else None
+    began = any(name == "optimizer" for name in att.phase_names)
+    return None if began else int(ooms[0])
 
 
 def theory(att: Attribution, e: int) -> dict[str, Any]:
     """The estimate for the moment after event e (bytes; see module docstring)."""
     training = "backward" in att.phase_names
     notes: list[str] = []
-    parameters = sum(int(w.get("parameters", 0)) for w in att.watches)
-    trainable = sum(int(w.get("trainable", 0)) for w in att.watches)
+    # The models alive at that moment: one the program dropped (rebuilt
+    # after an out-of-memory error, say) is no longer in it.
+    watches = att.watches_at(e)
+    parameters = sum(int(w.get("parameters", 0)) for w in watches)
+    trainable = sum(int(w.get("trainable", 0)) for w in watches)
     optimizer_state = 0
     optimizers = []
-    for w in att.watches:
+    for w in watches:
         opt = w.get("optimizer")
         if not opt:
             continue
@@ -177,6 +180,8 @@ def theory(att: Attribution, e: int) -> dict[str, Any]:
         inputs = sum(seen.values())
     if not att.watches:
         notes.append("no model was watched (allocscope.watch): the estimate is empty")
+    elif not watches:
+        notes.append("no watched model was alive at this moment: the estimate is empty")
     died = _died_before_optimizer(att)
     if training and died is not None:
         # The steady state the textbook describes was never reached: the
@@ -185,7 +190,7 @@ def theory(att: Attribution, e: int) -> dict[str, Any]:
                      "is of what existed then, without optimizer state"
                      + (f" ({optimizer_state} bytes by the textbook's rule, never made)" if optimizer_state else ""))
         optimizer_state = 0
-    kv_cache, kv_tokens = _kv_cache_asked(att) if not training else (0, 0)
+    kv_cache, kv_tokens = _kv_cache_asked(watches) if not training else (0, 0)
     out = {
         "parameters": parameters,
         "gradients": trainable if training else 0,

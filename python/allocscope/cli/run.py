@@ -23,10 +23,19 @@ allocator runs, kernels compute nothing but the cheap ops whose values steer
 shapes and control flow, so memory behaves as on the card (docs/vgpu.md,
 "Values"). `--gpu list` lists the models.
 
+The script's models and optimizers are watched (named, so that the report
+says what each byte is: parameters, gradients, optimizer state,
+activations, by module), each model from its first call and each optimizer
+from its first step, as `fit` does. That costs a Python call on every
+module call of the process and the op callback (torch's RecordFunction) on
+every op from the first model call on (docs/benchmarks.md, "What watching
+costs"); --no-watch records allocations and their stacks alone, at the
+lowest cost, and the report then says where, not what.
+
 examples:
   allocscope run -o step.alsc -- python train.py --epochs 1
   allocscope run -o step.alsc -- train.py --epochs 1        (python is implied)
-  allocscope run --watch -o step.alsc -- python train.py    (models and optimizers named, as fit does)
+  allocscope run --no-watch -o step.alsc -- python train.py (stacks only: the lowest cost)
   allocscope run -o ddp.alsc --device cuda -- torchrun --nproc-per-node 2 train.py
   allocscope run --gpu H100-80GB -o h100.alsc -- python train.py
   allocscope run --gpu A100-40GB --gpu-memory 12GiB -o small.alsc -- python train.py
@@ -50,10 +59,14 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
                         help="what to record: CUDA memory, CPU memory, or auto (CUDA if available, else CPU)")
     parser.add_argument("--stacks", choices=("python", "none"), default="python",
                         help="record each allocation's Python stack (default) or not")
-    parser.add_argument("--watch", action="store_true",
-                        help="watch the script's models and optimizers without a watch() call in it (as `fit` "
-                             "does): each model when first called, each optimizer at its first step; categories "
-                             "and modules in the report. It costs Python hooks per module call (and turns ops on)")
+    watch = parser.add_mutually_exclusive_group()
+    watch.add_argument("--watch", action="store_const", const=True, dest="watch",
+                       help="watch the script's models and optimizers (the default, as `fit` does): each model "
+                            "when first called, each optimizer at its first step; categories and modules in the "
+                            "report. It costs a Python call per module call and turns ops on")
+    watch.add_argument("--no-watch", action="store_const", const=False, dest="watch",
+                       help="record allocations and their stacks alone, at the lowest cost: no categories or "
+                            "modules beyond what a script's own allocscope.watch() calls name")
     ops = parser.add_mutually_exclusive_group()
     ops.add_argument("--ops", action="store_const", const=True, dest="ops",
                      help="record the op behind every allocation from the start (default: from the first "
@@ -98,13 +111,14 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--no-record runs on the virtual GPU: give --gpu too (without it, run the command itself)")
     if args.no_record and args.output:
         raise InputError("--no-record writes no capture: leave out -o")
-    if args.no_record and (args.watch or args.ops is not None):
-        raise InputError("--watch, --ops and --no-ops are about what a recording holds: not with --no-record")
+    if args.no_record and (args.watch is not None or args.ops is not None):
+        raise InputError("--watch, --no-watch, --ops and --no-ops are about what a recording holds: "
+                         "not with --no-record")
     if not args.no_record and not args.output:
         raise InputError("give the capture file: allocscope run -o FILE -- python script.py")
     result = run_command(args.command, None if args.no_record else args.output, gpu=args.gpu,
                          gpu_memory=args.gpu_memory, device=args.device, stacks=args.stacks, force=args.force,
-                         world=world_from(args), ops=args.ops, watch=args.watch, values=values_from(args),
+                         world=world_from(args), ops=args.ops, watch=args.watch is not False, values=values_from(args),
                          limits=limits_from(args))
     for path in result.captures:
         print(f"allocscope: wrote {os.path.relpath(path)}", file=sys.stderr)

@@ -30,14 +30,14 @@ class RunResult:
 
 def run_command(command: Sequence[str], output: str | None, *, gpu: str | None = None, gpu_memory: str | None = None,
                 device: str = "auto", stacks: str = "python", force: bool = False,
-                world: World | None = None, ops: bool | None = None, watch: bool = False,
+                world: World | None = None, ops: bool | None = None, watch: bool = True,
                 values: Mapping[str, str | None] | None = None, limits: Limits | None = None) -> RunResult:
     """Runs `command` (a script runs with this Python) to its end, recording
     into `output` (None: not recorded, only on a virtual GPU), on a virtual
     GPU of model `gpu` (with `gpu_memory` instead of the preset's) or on
     this machine's `device` ("auto": CUDA where torch has it), with `ops`
-    as record() takes it; `watch`: each process watches its models and
-    optimizers itself (Recording.auto_watch). The captures
+    as record() takes it; `watch` (the default): each process watches its
+    models and optimizers itself (Recording.auto_watch). The captures
     written are `output` for the first process, with .rankN or .pidN added
     for the others. InputError for bad input (no command, an unknown GPU,
     `output` in the way without force).

@@ -172,9 +172,9 @@ class Recording:
             if self._auto is not None:
                 self._auto.remove()
                 self._auto = None
-            for w in self._watches:
+            for w in list(self._watches):
                 w.remove()
-            self._watches.clear()
+            self._watches = []
             baseline_error = None
             try:
                 self._baseline("end")
@@ -255,9 +255,13 @@ class Recording:
             # Watched models' backward scopes and saved activations' stacks come
             # from the op recorder: from here on, ops are recorded.
             native().start_ops()
-        w = Watch(model, optimizer, name=name, device_types=self.devices)
+        w = Watch(model, optimizer, name=name, device_types=self.devices, on_gone=self._forget_watch)
         self._watches.append(w)
         return w
+
+    def _forget_watch(self, watch: Any) -> None:
+        """A watch whose model is gone: the recording keeps nothing of it."""
+        self._watches = [w for w in self._watches if w is not watch]
 
     def auto_watch(self) -> None:
         """Watches models without watch() calls: each model when it is first

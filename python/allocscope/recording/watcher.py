@@ -11,14 +11,18 @@ the iteration counter, and labels naming tensors by their storage's address
 inputs). The analysis (allocscope.attribution.categories) joins the labels to the
 allocations live at that address at that moment.
 
-It only observes. The hooks it adds return nothing (so outputs and gradients
-are untouched) and are removed when the recording stops; so are the wrapped
-forwards that write every module's scope but the root's (module_scopes.py:
-hooks would send each module call down Module._call_impl's slow path). The
-one global change is a thin wrapper around torch.autograd.backward (which
-Tensor.backward calls) and torch.autograd.grad, so that the backward phase
-starts before the loss's own backward kernels allocate; they are restored
-when the last watch ends.
+It only observes, and leaves nothing on the program's objects: no hook in
+a module's or an optimizer's hook dicts, no attribute, no reference that
+keeps them alive (global_hooks.py: the process's global hooks look each
+module and optimizer up by identity, weakly). A watched model pickles,
+deep-copies and saves as an unwatched one, and one the program drops is
+freed as it would be unwatched; the watch then writes that its model is
+gone (a WATCH update), so that the estimate of a later moment leaves it
+out, and ends. The hooks return nothing (so outputs and gradients are
+untouched). The one other global change is a thin wrapper around
+torch.autograd.backward (which Tensor.backward calls) and
+torch.autograd.grad, so that the backward phase starts before the loss's
+own backward kernels allocate; they are restored when the last watch ends.
 
 Gradients: where the recording records ops, the recorder labels them itself
 as each parameter's AccumulateGrad node ends (csrc/recorder/gradients.h);
@@ -33,6 +37,7 @@ whose forward made it); otherwise from the node each allocation is made in
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import weakref
@@ -41,79 +46,22 @@ from typing import Any, Callable
 from ..capture.format import MODULE_LEAF, EventKind
 from ..common.native import native
 from .generation import GenerateWatch, running_generation
-from .module_scopes import ForwardWrapper, can_wrap
+from .global_hooks import GlobalHooks
 from .module_scopes import new_output_bytes as _new_output_bytes
 from .module_scopes import storage as _storage
 from .module_scopes import tensors as _tensors
 from .phases import Phases
+from .watch_summary import check_optimizer, model_summary, optimizer_summary
 
 __all__ = ["Watch"]
 
 # Plain ints for the hooks' hot path (IntEnum members convert on every call)
 _ENTER = int(EventKind.MODULE_ENTER)
 _EXIT = int(EventKind.MODULE_EXIT)
-
-
-def _optimizer_state_per_parameter(optimizer: Any) -> float | None:
-    """How many parameter-sized tensors the textbook says this optimizer
-    keeps per parameter (theory.md §3), or None for optimizers it does not
-    cover."""
-    kind = type(optimizer).__name__
-    group = optimizer.param_groups[0] if optimizer.param_groups else {}
-    if kind == "SGD":
-        return 1.0 if group.get("momentum", 0) else 0.0
-    if kind in ("Adam", "AdamW"):
-        return 3.0 if group.get("amsgrad", False) else 2.0
-    if kind in ("Adamax", "NAdam", "RAdam", "Adadelta"):
-        return 2.0
-    if kind == "Adagrad":
-        return 1.0
-    if kind == "RMSprop":
-        return 1.0 + bool(group.get("momentum", 0)) + bool(group.get("centered", False))
-    return None
-
-
-def _check_optimizer(optimizer: Any) -> None:
-    import torch
-
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"optimizer must be a torch.optim.Optimizer, not {type(optimizer).__name__}")
-
-
-def _optimizer_summary(optimizer: Any) -> dict[str, Any]:
-    """The WATCH event's `optimizer`: what the textbook estimate needs of it."""
-    return {"type": type(optimizer).__name__, "state_per_parameter": _optimizer_state_per_parameter(optimizer)}
-
-
-def _kv_cache_shape(model: Any) -> dict[str, int] | None:
-    """What one token of the model's KV cache takes, by the textbook formula
-    (2 x layers x key/value heads x head dim x bytes per element), where
-    the model carries a Hugging Face-style config (None otherwise, and for
-    attention the formula does not describe: latent (MLA) caches); on one
-    rank of a tensor-parallel engine, its shard of the heads."""
-    config = getattr(model, "config", None)
-    text = getattr(config, "get_text_config", None)
-    try:
-        config = text() if callable(text) else config
-        layers = int(getattr(config, "num_hidden_layers"))
-        heads = int(getattr(config, "num_attention_heads"))
-        kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
-        head_dim = int(getattr(config, "head_dim", None) or getattr(config, "hidden_size") // heads)
-    except Exception:  # a config of another kind: a label, never a reason to break the script
-        return None
-    if getattr(config, "kv_lora_rank", None):
-        return None
-    # A tensor-parallel engine keeps a shard of the key/value heads on each
-    # rank; vLLM's attention layers say how many (num_kv_heads, at least 1).
-    local = next((m.num_kv_heads for m in model.modules()
-                  if type(m).__name__.endswith("Attention") and type(getattr(m, "num_kv_heads", None)) is int), None)
-    if local is not None and 0 < local < kv_heads:
-        kv_heads = local
-    element = next((p.element_size() for p in model.parameters() if p.is_floating_point()), None)
-    if element is None or min(layers, kv_heads, head_dim) <= 0:
-        return None
-    return {"layers": layers, "kv_heads": kv_heads, "head_dim": head_dim, "bytes_per_element": element,
-            "bytes_per_token": 2 * layers * kv_heads * head_dim * element}
+# Each watch's id in its WATCH events, unique in the process: two models
+# watched under one name (a model rebuilt after an out-of-memory error) are
+# two watches, each with its own life.
+_ids = itertools.count(1)
 
 
 class Watch:
@@ -124,9 +72,9 @@ class Watch:
     # False: gradients are labelled by Python hooks even where ops are
     # recorded (the reference the native labels are tested and timed against).
     native_gradients = True
-    # False: the modules' scopes (the root's aside) are written by forward
-    # hooks in Python, not by wrapped forwards calling C functions
-    # (module_scopes.py): the reference those are tested against.
+    # False: the modules' scopes (the root's aside) are written by Python
+    # functions, not by the C functions of csrc/recorder/module_hooks.h:
+    # the reference those are tested against.
     native_module_hooks = True
     # False: autograd calls the saved-tensor hook through Python, as before
     # allocscope's engine answered for it (csrc/recorder/saved_engine.h): the
@@ -134,16 +82,18 @@ class Watch:
     saved_hooks_in_cpp = True
 
     def __init__(self, model: Any, optimizer: Any = None, *, name: str | None = None,
-                 device_types: tuple[str, ...] = ("cpu", "cuda")):
+                 device_types: tuple[str, ...] = ("cpu", "cuda"), on_gone: Callable[[Any], None] | None = None):
         """device_types: the devices the recording records; tensors elsewhere
-        (Adam's step counters on the host while CUDA is recorded) get no label."""
+        (Adam's step counters on the host while CUDA is recorded) get no label.
+        on_gone(watch): called once the model is gone (the recording forgets the watch)."""
         import torch
 
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"watch() needs a torch.nn.Module, not {type(model).__name__}")
         if optimizer is not None:
-            _check_optimizer(optimizer)  # before any hook is registered
+            check_optimizer(optimizer)  # before any hook is registered
         self.name = name or type(model).__name__
+        self.id = next(_ids)
         self._annotate = native().annotate  # (kind, label, addr, size, with_stack); False when not recording
         self._native_scopes = False  # (set once every hook is in: remove() undoes it)
         self._handles: list[Any] = []
@@ -155,6 +105,7 @@ class Watch:
         self._state_changes: dict[int, Any] = {}  # id(optimizer) -> the Changes of its state's tensor ids
         self._removed = False
         self._shapes_said = False
+        self._on_gone = on_gone
         self._device_types = frozenset(device_types)
         # The saved-tensor hook (csrc/recorder/saved.h): each storage autograd
         # saves is labelled once per forward, as the innermost open module's.
@@ -164,26 +115,20 @@ class Watch:
 
         self._param_names = {id(p): self._qualify(fqn) for fqn, p in model.named_parameters()}
         self._model_params = frozenset(self._param_names)
-        self._model = weakref.ref(model)
-        self._optimizers: list[Any] = []
-        # Every module's scopes but the root's: a wrapped forward
-        # (module_scopes.py), or hooks (the reference, and where a forward
-        # cannot be wrapped). The root's hooks also begin and end the forward.
-        self._module_handles: list[Any] = []
+        # Held weakly: the model is the program's. Its end ends the watch
+        # (a weak reference's callback, which holds the watch weakly too).
+        me = weakref.ref(self)
+        self._model = weakref.ref(model, lambda _: _call(me, "_model_gone"))
+        self._optimizers: list[weakref.ref[Any]] = []
+        # Every module's scopes (global_hooks.py); the root's also begin
+        # and end the forward.
         for fqn, m in model.named_modules():
             leaf = next(iter(m.children()), None) is None
-            if m is not model and self.native_module_hooks and can_wrap(m):
-                self._module_handles.append(ForwardWrapper(m, self._qualify(fqn), leaf, native(), self._annotate))
-                continue
-            pre, post = self._module_hooks(self._qualify(fqn), leaf, m is model)
             if m is model:
-                self._root_pre = pre
-                self._handles.append(m.register_forward_pre_hook(pre))
-                self._handles.append(m.register_forward_hook(post, always_call=True))
+                pre, post = self._root_hooks(self._qualify(fqn), leaf)
             else:
-                self._module_handles.append(m.register_forward_pre_hook(pre))
-                self._module_handles.append(m.register_forward_hook(post, always_call=True))
-        self._handles.extend(self._module_handles)
+                pre, post = self._module_hooks(self._qualify(fqn), leaf)
+            GlobalHooks.add_module(m, self, pre, post)
         trainable = [p for p in model.parameters() if p.requires_grad]
         if self.native_gradients:
             # The recorder labels gradients (csrc/recorder/gradients.h): as
@@ -208,7 +153,8 @@ class Watch:
             self._native_scopes = True
         Phases.add(self)
 
-        self._emit(EventKind.WATCH, json.dumps(self._summary(model, optimizer), sort_keys=True))
+        self._emit(EventKind.WATCH, json.dumps({"id": self.id, **model_summary(model, self._qualify), "optimizer": (
+            None if optimizer is None else optimizer_summary(optimizer))}, sort_keys=True))
         self._label_parameters(model, force=True)
         self._handles.append(GenerateWatch(model, self._generating))
         under_way = running_generation(model)
@@ -227,27 +173,22 @@ class Watch:
         watch: its state is labelled and its steps are the optimizer phase
         from its next step (or from this one, when called from a step
         pre-hook)."""
-        _check_optimizer(optimizer)
-        if self._removed or any(o is optimizer for o in self._optimizers):
+        check_optimizer(optimizer)
+        if self._removed or any(r() is optimizer for r in self._optimizers):
             return
         self._attach(optimizer)
-        self._emit(EventKind.WATCH, json.dumps({"name": self.name, "update": True,
-                                                "optimizer": _optimizer_summary(optimizer)}, sort_keys=True))
+        self._update({"optimizer": optimizer_summary(optimizer)})
 
     def owns_any(self, parameter_ids: set[int]) -> bool:
         """Whether any of these parameters (by id) is one of the model's."""
         return not self._model_params.isdisjoint(parameter_ids)
-
-    def entered(self, model: Any, args: Any) -> None:
-        """For a watch made inside the model's own call (Recording.auto_watch):
-        what the model's forward pre-hook would have written for that call."""
-        self._root_pre(model, args)
 
     def remove(self) -> None:
         """Removes every hook; the model behaves as if never watched."""
         if self._removed:
             return
         self._removed = True
+        GlobalHooks.remove_owner(self)
         for h in self._handles:
             h.remove()
         self._handles.clear()
@@ -270,10 +211,33 @@ class Watch:
         if not self._removed:
             self._annotate(int(kind), label, addr, size, False)
 
+    def _update(self, fields: dict[str, Any]) -> None:
+        """A WATCH update: what became known of the watch (docs/format.md)."""
+        self._emit(EventKind.WATCH, json.dumps({"id": self.id, "name": self.name, "update": True, **fields},
+                                               sort_keys=True))
+
     def _generating(self, request: dict[str, int]) -> None:
         """A generate() call began (generation.py): what it asks, as an update of the watch."""
-        self._emit(EventKind.WATCH, json.dumps({"name": self.name, "update": True, "generate": request},
-                                               sort_keys=True))
+        self._update({"generate": request})
+
+    def _model_gone(self) -> None:
+        """The model was freed: the estimate of any later moment leaves it
+        out, and the watch ends."""
+        if self._removed:
+            return
+        self._update({"gone": True})
+        self.remove()
+        if self._on_gone is not None:
+            self._on_gone(self)
+
+    def _optimizer_gone(self) -> None:
+        """An optimizer of the watch was freed (with its state)."""
+        if self._removed:
+            return
+        live = [r() for r in self._optimizers]
+        self._optimizers = [r for r, o in zip(self._optimizers, live, strict=True) if o is not None]
+        latest = next((o for o in reversed(live) if o is not None), None)
+        self._update({"optimizer": None if latest is None else optimizer_summary(latest)})
 
     def _recorded_storage(self, t: Any) -> tuple[int, int] | None:
         """(data pointer, bytes) of a tensor's storage if it lives on a
@@ -287,34 +251,12 @@ class Watch:
         return f"{self.name}.{fqn}" if fqn else self.name
 
     def _attach(self, optimizer: Any) -> None:
-        self._optimizers.append(optimizer)
-        self._handles.append(optimizer.register_step_pre_hook(self._optimizer_pre))
-        self._handles.append(optimizer.register_step_post_hook(self._optimizer_post))
+        me = weakref.ref(self)
+        self._optimizers.append(weakref.ref(optimizer, lambda _: _call(me, "_optimizer_gone")))
+        GlobalHooks.add_optimizer(optimizer, self, self._optimizer_pre, self._optimizer_post)
         for group in optimizer.param_groups:
             for i, p in enumerate(group["params"]):
                 self._param_names.setdefault(id(p), f"{self.name}.<optimizer param {i}>")
-
-    def _summary(self, model: Any, optimizer: Any) -> dict[str, Any]:
-        seen: set[int] = set()
-        total = trainable = buffers = count = 0
-        for p in model.parameters():
-            s = _storage(p)
-            count += p.numel()
-            if s is None or s[0] in seen:
-                continue
-            seen.add(s[0])
-            total += s[1]
-            trainable += s[1] if p.requires_grad else 0
-        for b in model.buffers():
-            s = _storage(b)
-            if s is not None and s[0] not in seen:
-                seen.add(s[0])
-                buffers += s[1]
-        opt = None if optimizer is None else _optimizer_summary(optimizer)
-        # Each module's class, so that reports can say "Sequential.5 (Conv2d)".
-        classes = {self._qualify(fqn): type(m).__name__ for fqn, m in model.named_modules()}
-        return {"name": self.name, "parameters": total, "trainable": trainable, "buffers": buffers,
-                "parameter_count": count, "optimizer": opt, "classes": classes, "kv_cache": _kv_cache_shape(model)}
 
     # ---- labels
 
@@ -353,49 +295,31 @@ class Watch:
 
     # ---- module hooks
 
-    def _module_hooks(self, name: str, leaf: bool, root: bool) -> tuple[Callable[..., None], Callable[..., None]]:
-        """The forward pre-hook and forward hook of one module (the root's
-        also begin and end the forward)."""
-        import torch
-
+    def _module_hooks(self, name: str, leaf: bool) -> tuple[Callable[..., Any], Callable[..., Any]]:
+        """What a module's call (not the root's) runs before and after its
+        forward: the C functions of csrc/recorder/module_hooks.h, or their
+        Python reference."""
+        if self.native_module_hooks:
+            enter, leave = native().module_hooks(name, leaf, _new_output_bytes)
+            return enter, leave
         flags = MODULE_LEAF if leaf else 0
-        is_compiling = torch.compiler.is_compiling
         annotate = self._annotate
-        if not root:
-            # Another module's hooks: two lines around a C function
-            # (csrc/recorder/module_hooks.h) where its forward cannot be wrapped.
-            if self.native_module_hooks:
-                enter, leave = native().module_hooks(name, leaf)
-            else:  # the Python the C functions replaced: their reference
-                def enter(module: Any, args: Any) -> None:
-                    annotate(_ENTER, name, flags, 0, False)
 
-                def leave(module: Any, args: Any, output: Any) -> bool:
-                    return False
+        def enter_module(module: Any, args: Any) -> None:
+            annotate(_ENTER, name, flags, 0, False)
 
-            def pre_module(module: Any, args: Any) -> None:
-                if is_compiling():
-                    return  # (see the root's pre-hook below)
-                enter(module, args)
+        def leave_module(module: Any, args: Any, output: Any) -> None:
+            annotate(_EXIT, name, flags, _new_output_bytes(args, output) if leaf else 0, False)
 
-            def post_module(module: Any, args: Any, output: Any) -> None:
-                if is_compiling():
-                    return
-                if not leave(module, args, output):  # a leaf whose output is not one plain tensor
-                    annotate(_EXIT, name, flags, _new_output_bytes(args, output) if leaf else 0, False)
+        return enter_module, leave_module
 
-            return pre_module, post_module
+    def _root_hooks(self, name: str, leaf: bool) -> tuple[Callable[..., None], Callable[..., None]]:
+        """What the root's call runs before and after its forward: its scope,
+        and the forward phase (begun by the outermost call on a thread)."""
+        flags = MODULE_LEAF if leaf else 0
+        annotate = self._annotate
 
         def pre(module: Any, args: Any) -> None:
-            if is_compiling():
-                # torch.compile traces module hooks into its graph: the
-                # annotations (calls into allocscope's C extension) would
-                # break it into pieces and change what it allocates. Inside
-                # a compiled region the hooks do nothing, except the root's,
-                # which runs outside the graph (one break, before its first
-                # op): the forward still begins and ends.
-                pre_outside_graph(module, args)
-                return
             local = self._local
             stack = getattr(local, "modules", None)  # (the root's calls open on this thread)
             if stack is None:
@@ -406,9 +330,6 @@ class Watch:
             annotate(_ENTER, name, flags, 0, False)
 
         def post(module: Any, args: Any, output: Any) -> None:
-            if is_compiling():
-                post_outside_graph(module, args, output)
-                return
             stack = getattr(self._local, "modules", None)
             if stack and stack[-1] == name:
                 stack.pop()
@@ -417,8 +338,6 @@ class Watch:
             if not stack and getattr(self._local, "saved_hooks", None) is not None:
                 self._end_forward()
 
-        # (only the root's run outside a graph: one wrapper, not one per module)
-        pre_outside_graph, post_outside_graph = torch.compiler.disable(pre), torch.compiler.disable(post)
         return pre, post
 
     def _begin_forward(self, model: Any, args: Any) -> None:
@@ -494,3 +413,10 @@ class Watch:
                         continue
                     self._state_seen[(id(p), key)] = s[0]
                     self._emit(EventKind.OPTIMIZER_STATE, f"{pname}/{key}", *s)
+
+
+def _call(ref: "weakref.ref[Watch]", method: str) -> None:
+    """A weak reference's callback: the watch's method, if the watch lives."""
+    w = ref()
+    if w is not None:
+        getattr(w, method)()

@@ -162,7 +162,8 @@ def oom_section(cap: Capture, att: Attribution | None, rep: Replay, *, top: int 
     short = shortfall(o, rep.config)
     if short is not None:
         out["shortfall"] = short
-    out["would_fit"] = would_fit(cap, out, o, att.watches if att is not None else [], rep.config.large_segment_size)
+    out["would_fit"] = would_fit(cap, out, o, att.watches_at(e) if att is not None else [],
+                                 rep.config.large_segment_size)
     if try_settings:
         tried = []
         for text, cfg in candidates(cap)[1:]:

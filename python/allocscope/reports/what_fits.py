@@ -121,7 +121,7 @@ def would_fit(cap: Capture, oom: dict[str, Any], record: Any, watches: list[dict
               large_segment_size: int) -> dict[str, Any]:
     """The report's oom `would_fit` (module docstring). record: the
     replay's OomRecord of the failure (its reserved bytes and limits);
-    watches: the attribution's (updates merged)."""
+    watches: the attribution's alive at the failure (updates merged)."""
     fit = cap.metadata.get("fit") or {}
     unit = _unit(fit, watches)
     out: dict[str, Any] = {}
