@@ -36,11 +36,13 @@ PYBIND11_MODULE(_C, m) {
 
   m.def(
       "start",
-      [](const std::string& path, const std::string& metadata_json, bool python_stacks, bool ops, bool checkpoints) {
-        Recorder::get().start(StartOptions{path, metadata_json, python_stacks, ops, checkpoints});
+      [](const std::string& path, const std::string& metadata_json, bool python_stacks, bool ops, bool checkpoints,
+         bool sigterm_over_foreign, bool remove_if_unused) {
+        Recorder::get().start(StartOptions{path, metadata_json, python_stacks, ops, checkpoints,
+                                           sigterm_over_foreign, remove_if_unused});
       },
       py::arg("path"), py::arg("metadata_json"), py::arg("python_stacks"), py::arg("ops") = true,
-      py::arg("checkpoints") = false);
+      py::arg("checkpoints") = false, py::arg("sigterm_over_foreign") = false, py::arg("remove_if_unused") = false);
   m.def(
       "stop",
       [](const std::string& reason) {
@@ -53,6 +55,7 @@ PYBIND11_MODULE(_C, m) {
         d["stack_misses"] = s.stack_misses;
         d["stack_overflows"] = s.stack_overflows;
         d["error"] = s.error;
+        d["removed"] = s.removed;
         return d;
       },
       py::arg("reason"));

@@ -67,6 +67,9 @@ struct CudaThreadState {
   c10::MempoolId_t empty_pool;
 };
 ALLOCSCOPE_TLS CudaThreadState t_state = {0, 0, false, 0, false, 0, 0, {0, 0}, nullptr, false, false, {0, 0}};
+// The SNAPSHOT events of a baseline's snapshot call on this thread
+// (begin_snapshot_marks), else nullptr.
+thread_local std::vector<std::pair<int, uint64_t>>* t_snapshot_marks = nullptr;
 
 // EMPTY_CACHE, the pool it empties in arg/block (both 0: the shared pools);
 // size 1: the call released and completed nothing.
@@ -286,7 +289,10 @@ void on_trace(const TraceEntry& te) {
   EmitScope scope;
   if (!scope) return;
   ev.stream = stream_index(te.device_, reinterpret_cast<uintptr_t>(te.stream_));
-  scope.push(ev);
+  uint64_t seq = scope.push(ev);
+  if (ev.kind == format::kSnapshot && t_snapshot_marks != nullptr) {
+    t_snapshot_marks->emplace_back(static_cast<int>(te.device_), seq);
+  }
 }
 
 class RecordingCUDAAllocator final : public cca::CUDAAllocator {
@@ -670,6 +676,19 @@ c10::cuda::CUDACachingAllocator::CUDAAllocator* wrapped() {
 
 std::string wrapped_name() {
   return wrapped()->name();
+}
+
+void begin_snapshot_marks() {
+  delete t_snapshot_marks;
+  t_snapshot_marks = new std::vector<std::pair<int, uint64_t>>();
+}
+
+std::vector<std::pair<int, uint64_t>> end_snapshot_marks() {
+  std::vector<std::pair<int, uint64_t>> out;
+  if (t_snapshot_marks != nullptr) out.swap(*t_snapshot_marks);
+  delete t_snapshot_marks;
+  t_snapshot_marks = nullptr;
+  return out;
 }
 
 }  // namespace allocscope::cuda

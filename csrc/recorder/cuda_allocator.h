@@ -15,6 +15,7 @@ class CUDAAllocator;
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace allocscope::cuda {
@@ -37,6 +38,13 @@ std::string wrapped_name();
 // a device without a CUDA context for it creates one.
 std::string baseline_json(const std::string& label, const std::vector<int>& devices,
                           const std::vector<int>& with_context);
+
+// The SNAPSHOT events of one snapshot call on this thread: between
+// begin_snapshot_marks() and end_snapshot_marks(), each device's SNAPSHOT
+// trace entry (written under that device's lock, where the snapshot reads
+// it) is noted with its sequence number: (device, seq) pairs, in order.
+void begin_snapshot_marks();
+std::vector<std::pair<int, uint64_t>> end_snapshot_marks();
 
 // Test seam: where the wrapper reads the current device and stream from. The
 // real functions need a GPU; the test harness installs fakes.

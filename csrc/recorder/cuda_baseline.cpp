@@ -109,9 +109,14 @@ std::string baseline_json(const std::string& label, const std::vector<int>& devi
   j.field("label", label).field("device_type", std::string("cuda"));
   j.field("seq", Recorder::get().next_seq()).field("monotonic_ns", now_ns());
   j.field("allocator", a->name());
-  // Takes the device locks; its SNAPSHOT trace entry marks this point in the
-  // event stream.
+  // Takes the device locks; each device's SNAPSHOT trace entry, written
+  // under its lock, marks where in the event stream that device's part was
+  // read (other threads go on allocating around it).
+  begin_snapshot_marks();
   cca::SnapshotInfo snap = a->snapshot({0, 0}, false);
+  j.key("snapshot_events").begin_array();
+  for (const auto& [device, seq] : end_snapshot_marks()) j.begin_array().value(int64_t{device}).value(seq).end_array();
+  j.end_array();
   j.key("segments").begin_array();
   for (const auto& seg : snap.segments) {
     j.begin_object();

@@ -33,7 +33,7 @@ inline void cpu_relax() {
 
 EventRing::EventRing() : slots_(new Slot[kCapacity]) {}
 
-void EventRing::push(const RawEvent& ev) {
+uint64_t EventRing::push(const RawEvent& ev) {
   uint64_t pos = head_.fetch_add(1, std::memory_order_acq_rel);
   // Full: wait for the writer. It needs neither the GIL nor any allocator
   // lock, so waiting here while holding them cannot deadlock.
@@ -50,6 +50,7 @@ void EventRing::push(const RawEvent& ev) {
   // follow sequence order as closely as possible across threads.
   if (ev.time_ns == 0) slot.ev.time_ns = now_ns();
   slot.seq.store(pos + 1, std::memory_order_release);
+  return pos;
 }
 
 size_t EventRing::drain(std::vector<RawEvent>* out, uint64_t* first_seq) {
@@ -84,22 +85,42 @@ void EventRing::reset() {
 namespace {
 
 // SIGTERM's default action kills the process without running Python cleanup.
-// While recording, and only if SIGTERM still has its default action, the
-// recorder catches it, finishes the file in the writer thread and then
-// re-raises it with the default action: the process dies as it would have,
-// with a complete capture.
+// While recording, where SIGTERM has its default action or a handler that
+// is not Python's (faulthandler.register(SIGTERM, chain=True), which
+// Megatron-LM registers on import: it dumps the tracebacks, then the
+// default action kills), the recorder catches it, finishes the file in the
+// writer thread and then re-raises it with what was there before: the
+// process goes as it would have, with a complete capture. A Python handler
+// is left be: it raises SystemExit or calls os._exit, which finish the
+// capture from Python (recording/exits.py), or it lets the program go on.
 volatile sig_atomic_t g_sigterm = 0;
+// While 1, a SIGTERM is the writer's to act on; else the handler acts as the
+// one it replaced at once (a handler installed after ours that chains to it,
+// as faulthandler's, still reaches it once the recording has stopped).
+volatile sig_atomic_t g_writer_acts = 0;
 struct sigaction g_old_sigterm;
 
+// Async-signal-safe: what the handler replaced, then the signal again.
+void raise_as_before() {
+  sigaction(SIGTERM, &g_old_sigterm, nullptr);
+  kill(getpid(), SIGTERM);
+}
+
 void on_sigterm(int) {
+  if (!g_writer_acts) {
+    raise_as_before();
+    return;
+  }
   g_sigterm = 1;
 }
 
-bool install_sigterm_handler() {
+// over_foreign: also where SIGTERM has a handler that is not Python's.
+bool install_sigterm_handler(bool over_foreign) {
   struct sigaction current;
   if (sigaction(SIGTERM, nullptr, &current) != 0) return false;
-  // Someone (Python code, a launcher) handles SIGTERM already: leave it be.
-  if ((current.sa_flags & SA_SIGINFO) || current.sa_handler != SIG_DFL) return false;
+  bool is_default = !(current.sa_flags & SA_SIGINFO) && current.sa_handler == SIG_DFL;
+  bool ignored = !(current.sa_flags & SA_SIGINFO) && current.sa_handler == SIG_IGN;
+  if (!is_default && (!over_foreign || ignored)) return false;
   struct sigaction ours;
   std::memset(&ours, 0, sizeof(ours));
   ours.sa_handler = on_sigterm;
@@ -128,6 +149,7 @@ void Recorder::atfork_child() {
   // not have: it must not take them, so it cannot record.
   if (r.active_.load() || r.writer_thread_.joinable()) r.forked_while_recording_ = true;
   r.active_.store(false);
+  g_writer_acts = 0;
   if (r.sigterm_installed_) restore_sigterm_handler();  // async-signal-safe
   r.sigterm_installed_ = false;
 }
@@ -211,6 +233,9 @@ void Recorder::start(const StartOptions& options) {
   if (!writer->error().empty()) throw std::runtime_error("cannot write " + options.path + ": " + writer->error());
   path_ = options.path;
   writer_ = std::move(writer);
+  remove_if_unused_ = options.remove_if_unused;
+  memory_written_ = false;
+  removed_.store(false);
   {
     std::lock_guard<std::mutex> lock(wake_mu_);
     wake_ = false;
@@ -223,7 +248,8 @@ void Recorder::start(const StartOptions& options) {
   checkpointer_ = options.checkpoints ? std::make_unique<Checkpointer>(&tables_) : nullptr;
   owner_pid_ = getpid();
   g_sigterm = 0;
-  sigterm_installed_ = install_sigterm_handler();
+  sigterm_installed_ = install_sigterm_handler(options.sigterm_over_foreign);
+  g_writer_acts = 1;
   writer_thread_ = std::thread(&Recorder::writer_main, this);
   active_.store(true, std::memory_order_seq_cst);
   if (options.ops) ops::start(python_stacks_);
@@ -271,12 +297,16 @@ StopSummary Recorder::stop(const std::string& reason) {
     wake_cv_.notify_one();
     writer_thread_.join();
   }
+  g_writer_acts = 0;
   if (sigterm_installed_) restore_sigterm_handler();
   sigterm_installed_ = false;
+  // A SIGTERM caught while the writer was finishing: it goes on as it would have.
+  if (g_sigterm) raise_as_before();
   summary.events = writer_->events_written();
   summary.dropped = writer_->events_dropped();
   summary.bytes = writer_->bytes();
   summary.error = writer_->error();
+  summary.removed = removed_.load();
   summary.stacks = tables_.nodes.size() - 1;
   summary.stack_misses = stacks_.misses();
   summary.stack_overflows = stacks_.overflows();
@@ -387,6 +417,10 @@ void Recorder::on_sigterm_in_writer() {
 }
 
 void Recorder::write_batch(const std::vector<RawEvent>& batch, uint64_t first_seq) {
+  for (size_t i = 0; !memory_written_ && i < batch.size(); ++i) {
+    uint8_t kind = batch[i].kind & ~format::kViaAllocator;
+    memory_written_ = kind >= format::kAlloc && kind <= format::kOom;
+  }
   if (checkpointer_ == nullptr) {
     writer_->write_events(batch, first_seq);
     return;
@@ -444,10 +478,16 @@ void Recorder::writer_main() {
           ", \"end_monotonic_ns\": " + std::to_string(now_ns()) + ", \"reason\": \"" + reason + "\"}";
       writer_->write_json(format::kChunkFooter, footer);
       writer_->close();
+      if (remove_if_unused_ && !memory_written_ && writer_->error().empty() && unlink(path_.c_str()) == 0) {
+        removed_.store(true);
+      }
       if (reason == "SIGTERM") {
-        // Die the way SIGTERM would have killed us without allocscope.
-        restore_sigterm_handler();
-        kill(getpid(), SIGTERM);
+        // Go the way SIGTERM would have taken us without allocscope: with
+        // what was there before ours (whatever is there now: a handler
+        // installed since, which chained to ours, has run already).
+        g_writer_acts = 0;
+        g_sigterm = 0;
+        raise_as_before();
       }
       return;
     }

@@ -49,8 +49,9 @@ class EventRing {
   static constexpr uint64_t kCapacity = uint64_t{1} << 16;
 
   EventRing();
-  // Blocks (spinning, yielding) while the ring is full.
-  void push(const RawEvent& ev);
+  // Blocks (spinning, yielding) while the ring is full. Returns the event's
+  // sequence number.
+  uint64_t push(const RawEvent& ev);
   // Consumer only: copies published events in order into out; returns count.
   size_t drain(std::vector<RawEvent>* out, uint64_t* first_seq);
   uint64_t head() const { return head_.load(std::memory_order_acquire); }
@@ -73,6 +74,14 @@ struct StartOptions {
   bool python_stacks = true;
   bool ops = true;  // the op behind each allocation (ops.h)
   bool checkpoints = false;  // follow the live set, so that checkpoints can be written (checkpoint.h)
+  // Catch SIGTERM also where it has a handler that is not Python's (the
+  // caller knows Python's: signal.getsignal); recorder.cpp.
+  bool sigterm_over_foreign = false;
+  // A helper process's file (an Inductor compile worker's, a launcher's):
+  // removed when the recording ends, however it ends, if it holds no memory
+  // (no allocation, free, segment or OOM event; the caller knows the start
+  // baseline held no segment).
+  bool remove_if_unused = false;
 };
 
 struct StopSummary {
@@ -83,6 +92,7 @@ struct StopSummary {
   uint64_t stack_misses = 0;     // distinct stacks symbolized
   uint64_t stack_overflows = 0;  // stacks dropped: the tables were full
   std::string error;  // first write error, if any
+  bool removed = false;  // the file held no memory and was removed (StartOptions::remove_if_unused)
 };
 
 class Writer;
@@ -131,7 +141,11 @@ class Recorder {
 
   // Hot path, any thread.
   ThreadEntry* enter(uint16_t* thread_index);
-  void push(RawEvent& ev) { ring_.push(ev); maybe_wake(); }
+  uint64_t push(RawEvent& ev) {
+    uint64_t seq = ring_.push(ev);
+    maybe_wake();
+    return seq;
+  }
   uint32_t capture_stack() { return python_stacks_ ? stacks_.capture() : 0; }
   uint16_t stream_index(int32_t device, uint64_t handle) {
     return streams_.index(generation_.load(std::memory_order_relaxed), device, handle);
@@ -179,6 +193,9 @@ class Recorder {
   std::vector<std::string> pending_checkpoint_baselines_;         // under wake_mu_
   std::string stop_reason_;                                      // under wake_mu_
   bool sigterm_installed_ = false;
+  bool remove_if_unused_ = false;
+  bool memory_written_ = false;  // the writer's: a memory event was written
+  std::atomic<bool> removed_{false};
   pid_t owner_pid_ = 0;  // the process that started the recording
   bool forked_while_recording_ = false;  // set in a child forked while recording
 };
@@ -194,9 +211,10 @@ class EmitScope {
   EmitScope& operator=(const EmitScope&) = delete;
 
   explicit operator bool() const { return entry_ != nullptr; }
-  void push(RawEvent& ev) {
+  // Returns the event's sequence number.
+  uint64_t push(RawEvent& ev) {
     ev.thread = thread_;
-    Recorder::get().push(ev);
+    return Recorder::get().push(ev);
   }
 
  private:

@@ -3,10 +3,14 @@
 from typing import Any
 
 def built_with_cuda() -> bool: ...
-def start(path: str, metadata_json: str, python_stacks: bool, ops: bool = True, checkpoints: bool = False) -> None:
+def start(path: str, metadata_json: str, python_stacks: bool, ops: bool = True, checkpoints: bool = False,
+          sigterm_over_foreign: bool = False, remove_if_unused: bool = False) -> None:
     """Opens the file (truncating it), writes header and metadata, starts the writer thread;
     ops: record the op behind each allocation (a RecordFunction callback while recording);
-    checkpoints: the writer follows the live set, so that arm_checkpoint() can write checkpoints."""
+    checkpoints: the writer follows the live set, so that arm_checkpoint() can write checkpoints;
+    sigterm_over_foreign: finish the file on SIGTERM also where a handler that is not Python's has it
+    (faulthandler's), then raise it again with that handler (csrc/recorder/recorder.cpp);
+    remove_if_unused: remove the file when the recording ends, however it ends, if it holds no memory event."""
 def stop(reason: str) -> dict[str, Any]:
     """Stops recording, waits for threads inside the recorder, writes the footer.
     Keys: events, dropped, bytes, stacks, stack_misses, stack_overflows, error."""

@@ -81,7 +81,7 @@ def _allocscope(*options: str) -> list[str]:
 
 
 CUDA_MODES = {"off": _allocscope("--gpu", VGPU, "--no-record"),
-              "recording": _allocscope("--gpu", VGPU, "-f", "-o", "{capture}"),
+              "recording": _allocscope("--gpu", VGPU, "--no-watch", "-f", "-o", "{capture}"),
               "watching": _allocscope("--gpu", VGPU, "--watch", "-f", "-o", "{capture}")}
 
 SUITES: dict[str, dict] = {

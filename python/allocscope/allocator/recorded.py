@@ -22,8 +22,9 @@ from .config import AllocatorConfig, recorded_config
 from ..capture.baselines import baseline_reserved
 from .segments import baseline_segments, pending_blocks
 
-__all__ = ["KIND_NAMES", "Fidelity", "SegmentChecker", "bypassed_cache", "deferred_frees", "end_to_compare",
-           "end_window", "recorded_fraction", "recorded_reserved", "request_at", "settle_end_snapshot"]
+__all__ = ["KIND_NAMES", "Fidelity", "SegmentChecker", "bypassed_cache", "deferred_frees", "end_snapshot_events",
+           "end_to_compare", "end_window", "recorded_fraction", "recorded_reserved", "request_at",
+           "settle_end_snapshot"]
 
 KIND_NAMES = {int(EventKind.SEGMENT_ALLOC): SEGMENT_ALLOC, int(EventKind.SEGMENT_FREE): SEGMENT_FREE,
                int(EventKind.SEGMENT_MAP): SEGMENT_MAP, int(EventKind.SEGMENT_UNMAP): SEGMENT_UNMAP}
@@ -178,21 +179,52 @@ def request_at(cap: Capture, e: int) -> int:
     return e + int(later[0]) if len(later) else e
 
 
-# The end baseline's snapshot is taken while other threads may still free
-# (the autograd engine's thread finishing a backward that raised, say): their
-# events can land after the baseline's `seq`. The snapshot then equals the
-# replay's state after one of the last events, not necessarily the last.
+# The end baseline's snapshot is taken while other threads may still
+# allocate and free (the autograd engine's thread finishing a backward when
+# a time limit ends the process, say). Each device's part of it was read
+# under that device's lock, where its SNAPSHOT event stands in the stream:
+# the baseline names those events (`snapshot_events`), and the replay's
+# state after each is what that device's part must equal. Captures made
+# before say only the baseline's `seq`, the event count when it began: the
+# snapshot then equals the replay's state after one of the last events.
 END_WINDOW = 64
 
 
+def end_snapshot_events(cap: Capture) -> dict[int, int]:
+    """{device: the index of the SNAPSHOT event at which the end baseline
+    read it}, from the baseline's `snapshot_events`; {} where it has none."""
+    end = cap.baseline("end")
+    marks = (end or {}).get("snapshot_events")
+    if not marks:
+        return {}
+    seq = cap.events.seq
+    out = {}
+    for device, at in marks:
+        found = np.flatnonzero(seq == at)
+        if len(found) and cap.events.kind[found[0]] == EventKind.SNAPSHOT:
+            out[int(device)] = int(found[0])
+    return out if len(out) == len(marks) else {}
+
+
 def end_window(cap: Capture) -> list[int]:
-    """The events after which the end snapshot may have been taken, but the last."""
+    """The events after which the end snapshot may have been taken: each
+    device's SNAPSHOT event where the baseline names them, else the last
+    few events but the last."""
+    marked = end_snapshot_events(cap)
+    if marked:
+        return sorted(set(marked.values()))
     end = cap.baseline("end")
     n = len(cap.events)
     seq = end.get("seq") if end else None
     if not isinstance(seq, int) or not 0 < seq < n:
         return []
-    return list(range(max(seq - 1, n - 1 - END_WINDOW), n - 1))
+    window = set(range(max(seq - 1, n - 1 - END_WINDOW), n - 1))
+    # (and the first SNAPSHOT event from its seq on: the baseline's own but
+    # where another snapshot came in between)
+    snapshots = np.flatnonzero((cap.events.kind == EventKind.SNAPSHOT) & (cap.events.seq >= seq))
+    if len(snapshots) and snapshots[0] < n - 1:
+        window.add(int(snapshots[0]))
+    return sorted(window)
 
 
 def end_to_compare(cap: Capture, until: int) -> dict[str, Any] | None:
@@ -206,19 +238,30 @@ def end_to_compare(cap: Capture, until: int) -> dict[str, Any] | None:
 
 def settle_end_snapshot(rep: Any, cap: Capture, window: list[int], asked: set[int]) -> Any:
     """rep (a replay.Replay), its end comparison settled: where the end
-    snapshot differs from the replay's last state, the latest state of the
-    window it equals, if any, settles it (end_snapshot gets `after_event`).
-    Then the states of the window that were not asked for are dropped."""
+    snapshot differs from the replay's last state, each device's part
+    against the state after its SNAPSHOT event (end_snapshot gets
+    `at_events`), or in older captures the latest state of the window it
+    equals, if any (end_snapshot gets `after_event`). Then the states of
+    the window that were not asked for are dropped."""
     from .state import compare_snapshot  # state.py builds on the model, which this module must not need
 
     f = rep.fidelity
     if f is not None and f.end_snapshot is not None and not f.end_snapshot["equal"] and window:
         end = baseline_segments(cap.baseline("end"))
-        for at in reversed(window):
-            same = compare_snapshot(rep.states[at], end) if at in rep.states else None
-            if same is not None and same["equal"]:
-                f.end_snapshot = same | {"after_event": at}
-                break
+        marked = end_snapshot_events(cap)
+        if marked and all(at in rep.states for at in marked.values()):
+            parts = [compare_snapshot([s for s in rep.states[at] if s.device == device],
+                                      [s for s in end if s.device == device]) for device, at in marked.items()]
+            f.end_snapshot = {"equal": all(p["equal"] for p in parts), "segments": len(end),
+                              "only_in_replay": [x for p in parts for x in p["only_in_replay"]][:5],
+                              "only_in_snapshot": [x for p in parts for x in p["only_in_snapshot"]][:5],
+                              "at_events": {str(d): at for d, at in marked.items()}}
+        else:
+            for at in reversed(window):
+                same = compare_snapshot(rep.states[at], end) if at in rep.states else None
+                if same is not None and same["equal"]:
+                    f.end_snapshot = same | {"after_event": at}
+                    break
     for at in window:
         if at not in asked:
             rep.states.pop(at, None)

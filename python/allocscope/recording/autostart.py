@@ -12,6 +12,7 @@ ends the program. Processes that never import torch record nothing.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -59,49 +60,31 @@ def _start(options: dict[str, Any]) -> None:
     from .session import Recording
 
     path = output_path(os.environ[ENV_OUTPUT])
+    # A helper process (Inductor's compile workers, a launcher) that never
+    # holds memory leaves no file, however it ends (the recorder removes
+    # it: SIGTERM at a launcher's teardown ends it in C). A rank's file
+    # stays: the report across ranks counts them.
+    helper = path != os.environ[ENV_OUTPUT] and os.path.splitext(path)[0].endswith(f".pid{os.getpid()}")
     rec = Recording(path, device=options.get("device", "cpu"), stacks=options.get("stacks", "python"),
-                    ops=options.get("ops"))
+                    ops=options.get("ops"), _remove_if_unused=helper)
     try:
         rec.start()
         if options.get("auto_watch"):
             rec.auto_watch()
     except Exception as e:  # never break the program being recorded
         print(f"allocscope: could not start recording: {e}", file=sys.stderr)
+        if not rec.active:  # (the name this process claimed: nothing in it)
+            with contextlib.suppress(OSError):
+                if os.path.getsize(path) == 0:
+                    os.remove(path)
         return
 
     def _report(how: str) -> None:
         summary = rec.stop(how)
-        helper = path != os.environ[ENV_OUTPUT] and os.path.splitext(path)[0].endswith(f".pid{os.getpid()}")
-        if summary and helper and not summary.get("error") and _used_no_memory(path):
-            # A helper process (Inductor's compile workers, a launcher) that
-            # never held memory: its file would say nothing. (A rank's file
-            # stays: the report across ranks counts them.)
-            try:
-                os.remove(path)
-                return
-            except OSError:
-                pass
-        if summary:
+        if summary and not summary.get("removed"):
             print(f"allocscope: recorded {summary.get('events', 0):,} events into {path}", file=sys.stderr)
 
     at_process_exit(_report)
-
-
-def _used_no_memory(path: str) -> bool:
-    """Whether a finished capture holds no memory at all: no allocation,
-    free, segment or OOM event, and no segment in its baselines."""
-    from ..capture.format import EventKind
-    from ..capture.reader import load
-
-    try:
-        cap = load(path)
-    except Exception:  # unreadable: keep it, the user can see why
-        return False
-    memory = (EventKind.ALLOC, EventKind.FREE, EventKind.FREE_COMPLETED, EventKind.SEGMENT_ALLOC,
-              EventKind.SEGMENT_FREE, EventKind.SEGMENT_MAP, EventKind.SEGMENT_UNMAP, EventKind.OOM)
-    if any(int(k) in memory for k in set(cap.events.kind.tolist())):
-        return False
-    return not any(b.get("segments") for b in cap.baselines)
 
 
 def _on_torch_imported(options: dict[str, Any]) -> None:

@@ -5,8 +5,10 @@ none: multiprocessing's forked children always leave that way (DataLoader
 workers, vLLM's engine core, a Pool's workers), and so do programs that end
 with os._exit(0), or a SIGTERM handler that calls it. What is registered
 here runs on either way out, once, in the process that registered it, last
-registered first (as atexit does). SIGTERM with its default action is the
-recorder's own (csrc/recorder/recorder.cpp); a Python handler for it raises
+registered first (as atexit does). SIGTERM with its default action, or
+with a handler that is not Python's (faulthandler's, chained), is the
+recorder's own (csrc/recorder/recorder.cpp: it finishes the file, then
+raises SIGTERM again with what was there); a Python handler for it raises
 SystemExit or calls os._exit, which both come here.
 """
 

@@ -66,6 +66,20 @@ def _resolve_devices(device: Any) -> tuple[str, ...]:
     return (kind,)
 
 
+def _sigterm_not_pythons() -> bool:
+    """Whether SIGTERM has no Python handler: its default action, or a
+    handler installed outside Python's signal module (faulthandler's), which
+    Python reports as SIG_DFL (or None, one from before Python started).
+    Then the recorder finishes the capture on SIGTERM and raises it again;
+    a Python handler is the program's to act on (recorder.cpp)."""
+    import signal
+
+    try:
+        return signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None)
+    except (ValueError, AttributeError):  # (no SIGTERM here)
+        return False
+
+
 def _rss_bytes() -> int | None:
     try:
         with open("/proc/self/statm") as f:
@@ -82,7 +96,8 @@ class Recording:
     """
 
     def __init__(self, path: str | os.PathLike[str], *, device: Any = None, stacks: str = "python",
-                 ops: bool | None = None, checkpoint_every: int = CHECKPOINT_EVERY, _check_cuda: bool = True):
+                 ops: bool | None = None, checkpoint_every: int = CHECKPOINT_EVERY, _check_cuda: bool = True,
+                 _remove_if_unused: bool = False):
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"path must be a str or os.PathLike, not {type(path).__name__}")
         if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 0:
@@ -99,6 +114,7 @@ class Recording:
         self._next_checkpoint = checkpoint_every  # the event count at which the next one is due
         self._device = device
         self._check_cuda = _check_cuda  # False only for the no-GPU test harness
+        self._remove_if_unused = _remove_if_unused  # a helper process's file (recording/autostart.py)
         self.devices: tuple[str, ...] = ()
         self.summary: dict[str, Any] | None = None
         self._running = False
@@ -129,7 +145,7 @@ class Recording:
             metadata = self._metadata()
             try:
                 C.start(self.path, json.dumps(metadata), self.stacks == "python", self.ops is True,
-                        self.checkpoint_every > 0)
+                        self.checkpoint_every > 0, _sigterm_not_pythons(), self._remove_if_unused)
             except RuntimeError as e:
                 raise AllocscopeError(str(e)) from None
             try:
