@@ -9,7 +9,8 @@ under callgrind in a process of their own, counted from the first measured
 step to the last (every thread: the program's, the autograd engine's, the
 recorder's writer), after two unmeasured ones in the same mode. Modes:
 bench_step.py's (off, allocscope-noops, allocscope-python, allocscope-watch,
-allocscope-watch-noops, torch-history, torch-history-cpp), and parts of watching without ops
+allocscope-watch-noops, torch-history, torch-history-cpp), allocscope-autowatch
+(rec.auto_watch(): what `allocscope run` does by default), and parts of watching without ops
 (watching with no saved-tensor hooks, with the root module's scopes alone: its hooks),
 whose difference to allocscope-watch-noops is what that part costs, and watching
 with the saved-tensor hook called through Python (watch-noops-python-saved-hooks:
@@ -64,9 +65,11 @@ def _watch_without_saved_hooks(rec, model, opt):
 
 
 def _watch_root_hooks_only(rec, model, opt):
-    w = rec.watch(model, opt)
-    for h in w._module_handles:  # (every module's scopes but the root's)
-        h.remove()
+    from allocscope.recording.global_hooks import GlobalHooks
+
+    rec.watch(model, opt)
+    root = GlobalHooks.modules.get(model)  # (every module's scopes but the root's go)
+    GlobalHooks.modules.filter_values(lambda entries: entries if entries is root else [])
 
 
 def _watch_python_saved_hooks(rec, model, opt):
@@ -87,6 +90,7 @@ MODES = {
     "allocscope-python": (True, None),
     "allocscope-watch": (None, lambda rec, model, opt: rec.watch(model, opt)),
     "allocscope-watch-noops": (False, lambda rec, model, opt: rec.watch(model, opt)),
+    "allocscope-autowatch": (None, lambda rec, model, opt: rec.auto_watch()),  # (`allocscope run`'s default)
     "watch-noops-without-saved-hooks": (False, _watch_without_saved_hooks),
     "watch-noops-root-hooks-only": (False, _watch_root_hooks_only),
     "watch-noops-python-saved-hooks": (False, _watch_python_saved_hooks),

@@ -61,9 +61,11 @@ def measure(name, model, make_input, loss_fn, device, args, path) -> dict:
         return lambda: [h.remove() for h in hs]
 
     def watch_without_module_scopes(rec):
+        from allocscope.recording.global_hooks import GlobalHooks
+
         w = rec.watch(model, opt)
-        for h in w._module_handles:  # (every module's but the root's)
-            h.remove()
+        root = GlobalHooks.modules.get(model)  # (every module's scopes go but the root's)
+        GlobalHooks.modules.filter_values(lambda entries: entries if entries is root else [])
         return w.remove
 
     def native_saved():

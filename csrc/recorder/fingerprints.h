@@ -18,10 +18,13 @@ namespace allocscope::fingerprints {
 // what it read. The first call reports a change.
 class Changes {
  public:
-  // refs: a list of weak references to tensors; what is compared is each
-  // tensor's data pointer (0 for a tensor gone or without storage).
-  // Returns -1 with a Python error set when refs is not such a list.
-  int addresses(PyObject* refs);
+  // places: a list of (weak reference to a module, parameter name); what
+  // is compared is the data pointer of each module's parameter of that
+  // name (0 for a module gone, a parameter gone or without storage). No
+  // reference to the parameters themselves: torch.utils.swap_tensors (a
+  // load_state_dict that swaps) refuses a tensor that has a weak reference.
+  // Returns -1 with a Python error set when places is not such a list.
+  int addresses(PyObject* places);
   // state: an optimizer's state, a dict of dicts; what is compared is the
   // identity of every value of every inner dict, in order (of an inner
   // value that is not a dict, its own).

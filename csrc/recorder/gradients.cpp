@@ -22,7 +22,6 @@ struct Label {
 };
 
 struct Entry {
-  c10::weak_intrusive_ptr<c10::TensorImpl> param;
   Label what;
   uint64_t watch;  // Watch::id_
 };
@@ -42,9 +41,7 @@ Watch::Watch(const std::vector<std::pair<PyObject*, std::string>>& params, bool 
   for (const auto& [obj, name] : params) {
     if (!THPVariable_Check(obj)) throw std::invalid_argument("allocscope: a watched parameter is not a tensor");
     const at::Tensor& t = THPVariable_Unpack(obj);
-    const c10::intrusive_ptr<c10::TensorImpl>& impl = t.getIntrusivePtr();
-    entries.emplace_back(impl.get(), Entry{c10::weak_intrusive_ptr<c10::TensorImpl>(impl),
-                                           Label{rec.intern(name), generation, cuda, cpu}, id_});
+    entries.emplace_back(t.unsafeGetTensorImpl(), Entry{Label{rec.intern(name), generation, cuda, cpu}, id_});
   }
   std::lock_guard<std::mutex> lock(g_mu);
   for (auto& [key, entry] : entries) g_params.insert_or_assign(key, std::move(entry));

@@ -12,10 +12,15 @@
 // Where ops are not recorded, the watcher registers `hooked` as each
 // parameter's post-accumulate-grad hook: a call into C++, no Python frame.
 //
-// Parameters are held weakly: a model deleted while watched frees its
-// memory as it would unwatched, and the address of its parameters is not
-// reused while they are in the table (a weak reference keeps the object's
-// shell, not its storage).
+// Parameters are known by their TensorImpl's address, with no reference to
+// them, weak or strong: torch.utils.swap_tensors (a load_state_dict or a
+// module.to() that swaps, under torch.__future__.
+// set_swap_module_params_on_conversion) refuses a tensor with either. A
+// model deleted while watched frees its memory as it would unwatched, and
+// its watch's table goes with it (the watch ends when its model does). Where
+// parameters move or are replaced, the watcher makes the table anew at its
+// next forward, before an address the table holds could be another
+// tensor's.
 #pragma once
 
 #include <Python.h>

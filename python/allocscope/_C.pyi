@@ -52,8 +52,9 @@ class Changes:
     """Whether what a watch checks each step changed since the last call (csrc/recorder/fingerprints.h);
     the first call says True."""
     def __init__(self) -> None: ...
-    def addresses(self, refs: list[Any]) -> bool:
-        """refs: weak references to tensors; compares their data pointers (0: gone or no storage)."""
+    def addresses(self, places: list[tuple[Any, str]]) -> bool:
+        """places: (weak reference to a module, parameter name) pairs; compares the data pointers of those
+        parameters (0: gone or no storage). No reference to the parameters (swap_tensors refuses those)."""
     def values(self, state: dict[Any, Any]) -> bool:
         """state: an optimizer's state; compares the identity of every inner value, in order."""
 

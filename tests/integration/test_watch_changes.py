@@ -7,6 +7,7 @@ import gc
 import weakref
 
 import numpy as np
+import pytest
 import torch
 from torch import nn
 
@@ -17,18 +18,26 @@ from allocscope.common.native import native
 
 def test_changes_compares_what_the_last_call_read():
     changes = native().Changes()
-    a, b = torch.zeros(4), torch.zeros(4)
-    refs = [weakref.ref(a), weakref.ref(b)]
+    first, second = nn.Linear(2, 2), nn.Linear(2, 2)
+    a = first.weight
+    refs = [(weakref.ref(first), "weight"), (weakref.ref(second), "bias")]
     assert changes.addresses(refs)  # the first look
     assert not changes.addresses(refs)
-    a.set_(torch.zeros(8).untyped_storage())  # moved
+    with torch.no_grad():
+        a.set_(torch.zeros(8).untyped_storage())  # moved
     assert changes.addresses(refs)
     assert not changes.addresses(refs)
-    del b
+    first.weight = nn.Parameter(torch.zeros(2, 2))  # another parameter in its place
+    assert changes.addresses(refs)
+    assert not changes.addresses(refs)
+    del second
     gc.collect()
     assert changes.addresses(refs)  # gone: 0
     assert not changes.addresses(refs)
     assert changes.addresses(refs[:1])  # fewer
+    assert weakref.getweakrefcount(first.weight) == 0  # (swap_tensors refuses a tensor with one)
+    with pytest.raises(TypeError, match="module, parameter name"):
+        changes.addresses([weakref.ref(a)])
 
     state = {"p": {"step": 1, "exp_avg": a}}
     assert changes.values(state) and not changes.values(state)

@@ -107,6 +107,32 @@ def test_a_watched_model_saves_pickles_and_copies_as_unwatched(tmp_path):
     assert "Net" in names and "Net.blocks.0.lin" in names
 
 
+def test_a_watched_model_loads_and_converts_by_swapping_tensors(tmp_path):
+    # torch.utils.swap_tensors refuses a tensor that has a weak reference:
+    # the watch holds none to parameters (only to modules)
+    model, source = Net(), Net()
+    x = torch.randn(2, 8)
+    swapping = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        with allocscope.record(tmp_path / "w.alsc", device="cpu") as rec:
+            rec.watch(model)
+            model(x)
+            weight = model.head.weight
+            model.load_state_dict(source.state_dict())  # swaps every parameter
+            model.double()  # swaps again
+            assert model.head.weight is weight and weight.dtype == torch.float64  # (the same objects, swapped)
+            assert torch.equal(model.head.bias, source.head.bias.double())
+            assert all(weakref.getweakrefcount(p) == 0 for p in model.parameters())
+            model(x.double())
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(swapping)
+    cap = allocscope.load(tmp_path / "w.alsc")
+    ev = cap.events
+    named = [cap.strings[int(ev.arg[i])] for i in np.flatnonzero(ev.kind == EventKind.PARAMETER)]
+    assert named.count("Net.head.weight") == 2  # labelled again once they moved
+
+
 def test_the_programs_hooks_run_in_their_order(tmp_path):
     def run(watched: bool) -> list[str]:
         model = Net()

@@ -38,6 +38,8 @@ import warnings
 import weakref
 from typing import Any, Callable
 
+from ..common.torch_hook import after_import
+
 __all__ = ["GlobalHooks", "Observer", "WeakIdentityMap"]
 
 # (module, args) -> None; (module, args, output) -> True where it wrote
@@ -189,8 +191,17 @@ class GlobalHooks:
 
         cls._failed = False
         is_compiling = torch.compiler.is_compiling
-        pre_outside_graph = torch.compiler.disable(_pre)
-        post_outside_graph = torch.compiler.disable(_post)
+        # What a model compiled in place runs outside the graph. Made once
+        # torch._dynamo is imported (by the first torch.compile): making
+        # them imports it, and a program that never compiles must not find
+        # it imported (a weights_only load of a nested tensor needs the
+        # program to import it, or refuses).
+        outside: list[Any] = [None, None]
+
+        def make_outside() -> None:
+            outside[:] = [torch.compiler.disable(_pre), torch.compiler.disable(_post)]
+
+        after_import("torch._dynamo", make_outside)
 
         # (Dynamo traces these two into compiled graphs: under is_compiling()
         # they touch no table, or its guards would follow every watch)
@@ -201,7 +212,7 @@ class GlobalHooks:
         def module_pre_hook(module: Any, args: Any) -> None:
             if is_compiling():
                 if module._compiled_call_impl is not None:  # compiled in place: its own call is the graph
-                    pre_outside_graph(module, args)
+                    outside[0](module, args)
                 return
             try:
                 if type(module).__name__ == "OptimizedModule":
@@ -219,7 +230,7 @@ class GlobalHooks:
         def module_post_hook(module: Any, args: Any, output: Any) -> None:
             if is_compiling():
                 if module._compiled_call_impl is not None:
-                    post_outside_graph(module, args, output)
+                    outside[1](module, args, output)
                 return
             try:
                 if type(module).__name__ == "OptimizedModule":

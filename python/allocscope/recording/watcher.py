@@ -99,7 +99,7 @@ class Watch:
         self._handles: list[Any] = []
         self._local = threading.local()  # per thread: the forward module stack, the saved-tensor hooks
         self._param_moves = native().Changes()  # (csrc/recorder/fingerprints.h)
-        self._param_refs: list[weakref.ref[Any]] = []
+        self._param_places: list[tuple[weakref.ref[Any], str]] = []
         self._param_storages: set[int] = set()
         self._state_seen: dict[tuple[int, str], int] = {}
         self._state_changes: dict[int, Any] = {}  # id(optimizer) -> the Changes of its state's tensor ids
@@ -130,14 +130,13 @@ class Watch:
                 pre, post = self._module_hooks(self._qualify(fqn), leaf)
             GlobalHooks.add_module(m, self, pre, post)
         trainable = [p for p in model.parameters() if p.requires_grad]
+        self._gradients: Any = None
         if self.native_gradients:
             # The recorder labels gradients (csrc/recorder/gradients.h): as
             # AccumulateGrad nodes end, where the op callback runs; else from
             # a post-accumulate-grad hook that is a call into C++. No Python
             # function per parameter either way.
-            grads = native().GradientWatch([(p, self._param_names[id(p)]) for p in trainable],
-                                           "cuda" in self._device_types, "cpu" in self._device_types)
-            self._handles.append(grads)
+            self._watch_gradients([(p, self._param_names[id(p)]) for p in trainable])
             if not native().ops_active():
                 self._handles.extend(p.register_post_accumulate_grad_hook(native().label_gradient)
                                      for p in trainable)
@@ -192,6 +191,9 @@ class Watch:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        if self._gradients is not None:
+            self._gradients.remove()
+            self._gradients = None
         self._saved.close()  # (the engine route: csrc/recorder/saved_engine.h)
         if self._native_scopes:
             native().disable_backward_scopes()
@@ -263,13 +265,17 @@ class Watch:
     def _label_parameters(self, model: Any, force: bool = False) -> None:
         # Each forward checks whether the parameters moved (model.to(...)):
         # a walk over the module tree costs more than the data pointers, so
-        # the parameter list is kept from the last walk.
+        # where each parameter lives is kept from the last walk: its module
         # (held weakly: a model deleted while watched is freed as unwatched)
-        if not self._param_moves.addresses(self._param_refs) and not force:
+        # and its name there. Not the parameter itself: swap_tensors (a
+        # load_state_dict that swaps) refuses a tensor with a weak reference.
+        if not self._param_moves.addresses(self._param_places) and not force:
             return
         params = list(model.named_parameters())
-        self._param_refs = [weakref.ref(p) for _, p in params]
-        self._param_moves.addresses(self._param_refs)
+        self._param_places = _parameter_places(model)
+        self._param_moves.addresses(self._param_places)
+        if self._gradients is not None and not force:  # (the recorder knows parameters by their TensorImpl)
+            self._watch_gradients([(p, self._qualify(fqn)) for fqn, p in params if p.requires_grad])
         labelled: set[int] = set()  # shared storage (tied weights) is named once
         for fqn, p in params:
             s = self._recorded_storage(p)
@@ -283,6 +289,15 @@ class Watch:
             if s is not None and s[0] not in labelled:
                 labelled.add(s[0])
                 self._emit(EventKind.BUFFER, self._qualify(fqn), *s)
+
+    def _watch_gradients(self, named: list[tuple[Any, str]]) -> None:
+        """The recorder's table of these parameters, for their gradients'
+        labels (csrc/recorder/gradients.h), in place of the last one: it
+        holds no reference to them (swap_tensors refuses a tensor with
+        one), so after they moved or were replaced it is made anew."""
+        if self._gradients is not None:
+            self._gradients.remove()
+        self._gradients = native().GradientWatch(named, "cuda" in self._device_types, "cpu" in self._device_types)
 
     def _grad_hook(self, name: str) -> Callable[[Any], None]:
         def hook(p: Any) -> None:
@@ -420,3 +435,16 @@ def _call(ref: "weakref.ref[Watch]", method: str) -> None:
     w = ref()
     if w is not None:
         getattr(w, method)()
+
+
+def _parameter_places(model: Any) -> list[tuple["weakref.ref[Any]", str]]:
+    """(its module, held weakly, and its name there) of each of the model's
+    parameters, once each, in named_parameters()' order."""
+    seen: set[int] = set()
+    out = []
+    for _, module in model.named_modules():
+        for name, p in module._parameters.items():
+            if p is not None and id(p) not in seen:
+                seen.add(id(p))
+                out.append((weakref.ref(module), name))
+    return out
