@@ -160,6 +160,9 @@ SUBSET = {
     "cuda_memory": ("test_cachingAllocator_raw_alloc or test_memory_allocation or test_out_of_memory or "
                     "test_allocated_in_middle_of_segment or test_middle_allocations_contiguous or "
                     "test_check_pool_live_allocations or test_mempool_id or (test_memory_stats and not graphs)"),
+    # a module watched as it is built: its hooks, a load_state_dict that swaps tensors
+    "module_hooks": ("test_always_called_forward_hooks or test_forward_hooks or test_load_state_dict_swap or "
+                     "test_load_state_dict_child or test_state_dict_pre_hook"),
 }
 
 

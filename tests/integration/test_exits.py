@@ -163,3 +163,36 @@ def test_a_helper_that_holds_no_memory_leaves_no_file_when_terminated(tmp_path):
     assert r.returncode == 0 and r.stdout.strip() == "-15", r.stderr[-2000:]
     assert allocscope.load(tmp_path / "run.alsc").complete
     assert [p for p in os.listdir(tmp_path) if p.startswith("run.pid")] == []
+
+
+TEARDOWN = """\
+import faulthandler, os, signal, time
+import torch
+import torch.distributed as dist
+
+faulthandler.register(signal.SIGTERM, chain=True)  # (as Megatron-LM does on import)
+rank = int(os.environ["RANK"])
+torch.cuda.set_device(rank)
+dist.init_process_group("nccl")
+kept = torch.empty(1 << 20, device="cuda")
+dist.barrier()
+if rank == 1:
+    raise RuntimeError("rank 1 fails")  # torchrun then terminates rank 0
+while True:
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.cuda
+@pytest.mark.many_gpus
+def test_torchruns_teardown_leaves_every_ranks_capture_complete(tmp_path):
+    (tmp_path / "teardown.py").write_text(TEARDOWN)
+    r = allocscope_run(tmp_path, "--gpu", "2xL4-24GB", "-o", "job.alsc", "--", sys.executable, "-m",
+                       "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "teardown.py")
+    assert r.returncode != 0 and "rank 1 fails" in r.stderr, r.stderr[-3000:]
+    survivor = allocscope.load(tmp_path / "job.rank0.alsc")  # terminated by torchrun's agent: SIGTERM
+    assert survivor.complete and survivor.footer["reason"] == "SIGTERM", survivor.footer
+    assert (survivor.events.size == 4 << 20).any()
+    failed = allocscope.load(tmp_path / "job.rank1.alsc")  # (its exception ended it)
+    assert failed.complete
+    assert replay(survivor).fidelity.exact

@@ -120,7 +120,7 @@ def test_the_estimate_is_of_what_existed_when_the_run_died(fitted):
 
 def test_run_and_report_give_the_same_answer(big, fitted):
     tmp, script = big
-    r = allocscope_cli(tmp, "run", *CARD, "--watch", "-f", "-o", "big.alsc", "--", sys.executable, script)
+    r = allocscope_cli(tmp, "run", *CARD, "-f", "-o", "big.alsc", "--", sys.executable, script)  # (watched)
     assert r.returncode != 0 and "OutOfMemoryError" in r.stderr, r.stderr[-2000:]
     shown = allocscope_cli(tmp, "report", "big.alsc")
     assert shown.returncode == 0, shown.stderr[-2000:]
@@ -136,11 +136,11 @@ def test_run_and_report_give_the_same_answer(big, fitted):
 def test_a_run_not_watched_says_it_was_the_backward_and_what_would_name_it(big):
     # No watch, no ops: the request came from autograd's thread, which runs no Python.
     tmp, script = big
-    r = allocscope_cli(tmp, "run", *CARD, "-f", "-o", "plain.alsc", "--", sys.executable, script)
+    r = allocscope_cli(tmp, "run", *CARD, "--no-watch", "-f", "-o", "plain.alsc", "--", sys.executable, script)
     assert r.returncode != 0 and "OutOfMemoryError" in r.stderr, r.stderr[-2000:]
     block = oom_block(allocscope_cli(tmp, "report", "plain.alsc").stdout)
     assert block[1].strip() == "ran out in the backward", block
-    assert "`allocscope run --watch`" in stack_lines(block)[0]
+    assert "`allocscope run` (without --no-watch" in stack_lines(block)[0]
 
 
 # the same script with its batch as an argument: the command a search takes

@@ -31,7 +31,7 @@ def _marker_stack(cap):
 def test_run_records_an_unmodified_script(tmp_path):
     with open(SCRIPT) as f:
         assert f.read().splitlines()[MARKER_LINE - 1].strip().startswith("marker = torch.empty(54321")
-    result, out = run(tmp_path, "--", sys.executable, SCRIPT)
+    result, out = run(tmp_path, "--no-watch", "--", sys.executable, SCRIPT)
     assert result.returncode == 0, result.stderr
     assert "done" in result.stdout and "wrote run.alsc" in result.stderr
     cap = allocscope.load(out)
@@ -41,7 +41,7 @@ def test_run_records_an_unmodified_script(tmp_path):
     assert (top.filename, top.function, top.line) == (SCRIPT, "main", MARKER_LINE)
     # Recording started when torch was imported: the model's parameters are in it.
     assert (cap.events.size == 32 * 16 * 4).any()
-    # By default ops are recorded from the first watch() on: the script watches nothing.
+    # By default ops are recorded from the first watch() on: unwatched (--no-watch), nothing is.
     assert cap.metadata["ops"] == "watch" and not cap.events.op.any()
 
 

@@ -101,7 +101,7 @@ class GenerateWatch:
 
 def running_generation(model: Any) -> dict[str, int] | None:
     """What a generate() call of the model already under way asks (a model
-    watched inside its own call: allocscope fit, run --watch), read from the
+    watched inside its own call: allocscope fit, run), read from the
     call's frame: its token ids, expanded already for beams or returned
     sequences, and its prepared generation config. None where no such call
     is on this thread's stack."""

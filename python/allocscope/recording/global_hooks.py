@@ -111,10 +111,11 @@ class WeakIdentityMap:
         """Replaces each value v by keep(v); drops the entries where that is falsy."""
         for key, (ref, value) in list(self._items.items()):
             kept = keep(value)
-            if kept:
+            # (an object dying meanwhile: its entry went, or goes, with it)
+            if kept and ref() is not None and self._items.get(key, (None,))[0] is ref:
                 self._items[key] = (ref, kept)
-            else:
-                self._items.pop(key, None)
+            elif self._items.get(key, (None,))[0] is ref:
+                del self._items[key]
 
     def clear(self) -> None:
         self._items.clear()

@@ -280,8 +280,8 @@ def oom_lines(o: dict[str, Any] | None, top: int, stacks: str = "folded") -> lis
         else req["stack"][:5]
     if not shown and where.get("phase") == "backward" and not where.get("op"):
         # Autograd's threads run no Python: the forward line comes with the op recording.
-        shown = ["<none: the backward runs on a thread without Python frames; `allocscope run --watch` "
-                 "(or --ops) records the autograd node and the forward line that made it>"]
+        shown = ["<none: the backward runs on a thread without Python frames; `allocscope run` (without "
+                 "--no-watch, or with --ops) records the autograd node and the forward line that made it>"]
     rows += [("stack" if i == 0 else "", text) for i, text in enumerate(shown or ["<no stack>"])]
     lines += table(rows, set())
     if not o["reproduced_by_replay"]:
