@@ -18,9 +18,10 @@
 // set_swap_module_params_on_conversion) refuses a tensor with either. A
 // model deleted while watched frees its memory as it would unwatched, and
 // its watch's table goes with it (the watch ends when its model does). Where
-// parameters move or are replaced, the watcher makes the table anew at its
-// next forward, before an address the table holds could be another
-// tensor's.
+// parameters move or are replaced, the watcher makes the table anew at the
+// model's next forward; until then a replaced parameter's address could be
+// another tensor's, whose gradient would take the parameter's name (a
+// gradient accumulated between a replacement and the next forward).
 #pragma once
 
 #include <Python.h>
